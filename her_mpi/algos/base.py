@@ -1,0 +1,182 @@
+"""What every algorithm provides to the training loop, and the shared off-policy machinery.
+
+An agent owns its networks (one ``nn.ModuleDict`` so that checkpointing, the cross-rank identity
+check and the initial broadcast are generic), acts on batches of observations, and learns from
+batches of whole episodes. Off-policy agents add a replay buffer and the baselines schedule:
+store the episodes, update the normalizers from a hindsight-relabelled sample of them, run
+``n_batches`` gradient updates, then move the target networks.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from her_mpi import mpi
+from her_mpi.config import Config, check
+from her_mpi.envs import EnvSpec
+from her_mpi.nets import DeployablePolicy, GoalConditionedInput
+from her_mpi.replay.buffer import EpisodeStore, GoalFunction, ReplayBuffer
+from her_mpi.rollout import Episodes
+
+
+class Agent(ABC):
+    """The algorithm interface used by the loop, evaluation, checkpoints and export."""
+
+    Params: type  # dataclass of the algorithm's hyperparameters: the config's `algo` section
+    name: str
+
+    def __init__(self, spec: EnvSpec, config: Config, reward_fn: GoalFunction,
+                 terminal_fn: GoalFunction | None, seed_sequence: np.random.SeedSequence):
+        self.spec, self.config, self.params = spec, config, config.algo
+        self.reward_fn, self.terminal_fn = reward_fn, terminal_fn
+        self.rng = np.random.default_rng(seed_sequence)
+        self.torch_rng = torch.Generator().manual_seed(int(seed_sequence.generate_state(1)[0]))
+        self.nets = nn.ModuleDict()
+        self.inputs = GoalConditionedInput(spec.obs_dim, spec.goal_dim, config.normalizer)
+        self.nets["inputs"] = self.inputs
+        self.n_updates = 0
+
+    @abstractmethod
+    def act(self, obs: np.ndarray, g: np.ndarray, explore: bool) -> np.ndarray:
+        """Actions for a batch: in [-1, 1] for continuous envs, int indices for discrete ones."""
+
+    @abstractmethod
+    def learn(self, episodes: Episodes) -> dict[str, float]:
+        """Learn from this rank's newly collected episodes (a collective: all ranks call it)."""
+
+    @abstractmethod
+    def policy(self) -> DeployablePolicy:
+        """The deterministic policy in env units, as deployed."""
+
+    # -- state shared by all agents ------------------------------------------------------------
+
+    def broadcast_parameters(self) -> None:
+        """Give every rank rank 0's parameters and buffers (collective)."""
+        for tensor in self.nets.state_dict().values():
+            if isinstance(tensor, torch.Tensor):
+                mpi.broadcast_(tensor.numpy())
+
+    def synced_arrays(self) -> dict[str, np.ndarray]:
+        """Everything that must be bit-identical on all ranks."""
+        arrays = {name: t.numpy() for name, t in self.nets.state_dict().items()
+                  if isinstance(t, torch.Tensor)}
+        for name, module in self.nets.named_modules():
+            if hasattr(module, "total"):
+                arrays[f"{name}.total"] = module.total
+        return arrays
+
+    def check_synced(self) -> None:
+        mpi.assert_identical_across_ranks(self.synced_arrays())
+
+    def state_dict(self) -> dict:
+        return {"nets": self.nets.state_dict(), "n_updates": self.n_updates,
+                "optimizers": {k: o.state_dict() for k, o in self.optimizers().items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.nets.load_state_dict(state["nets"])
+        self.n_updates = state["n_updates"]
+        for key, optimizer in self.optimizers().items():
+            optimizer.load_state_dict(state["optimizers"][key])
+
+    def optimizers(self) -> dict:
+        return {}
+
+    def rng_state(self) -> dict:
+        return {"numpy": self.rng.bit_generator.state, "torch": self.torch_rng.get_state()}
+
+    def set_rng_state(self, state: dict) -> None:
+        self.rng.bit_generator.state = state["numpy"]
+        self.torch_rng.set_state(state["torch"])
+
+
+@dataclass
+class OffPolicyParams:
+    hidden: list[int] = field(default_factory=lambda: [256, 256, 256])
+    activation: str = "relu"
+    gamma: float | None = None  # None: 1 - 1/T (0.98 for the 50-step Fetch tasks)
+    polyak: float = 0.95  # target <- polyak * target + (1 - polyak) * online
+    target_update_every: int = 0  # 0: once per cycle after its updates (baselines); N: every N updates
+    clip_target: bool = True  # clip TD targets to [-1/(1-gamma), 0], the range of -1/0 rewards
+
+    def validate(self, path: str) -> None:
+        check(self.gamma is None or 0.0 <= self.gamma < 1.0, f"{path}.gamma", self.gamma,
+              "a number in [0, 1) or null")
+        check(0.0 <= self.polyak <= 1.0, f"{path}.polyak", self.polyak, "a number in [0, 1]")
+        check(self.target_update_every >= 0, f"{path}.target_update_every",
+              self.target_update_every, "an integer >= 0")
+        check(len(self.hidden) >= 1 and all(h >= 1 for h in self.hidden), f"{path}.hidden",
+              self.hidden, "a non-empty list of positive layer widths")
+        check(self.activation in ("relu", "tanh", "elu"), f"{path}.activation", self.activation,
+              "one of 'relu', 'tanh', 'elu'")
+
+
+class OffPolicyAgent(Agent):
+    """Replay, hindsight relabelling, normalizer updates and the update schedule of one cycle."""
+
+    def __init__(self, spec, config, reward_fn, terminal_fn, seed_sequence):
+        super().__init__(spec, config, reward_fn, terminal_fn, seed_sequence)
+        replay = config.replay
+        self.gamma = self.params.gamma if self.params.gamma is not None else 1.0 - 1.0 / spec.horizon
+        self.buffer = ReplayBuffer(replay.size, spec.horizon, spec.obs_dim, spec.goal_dim,
+                                   spec.action_dim, spec.discrete, reward_fn, terminal_fn,
+                                   replay.prioritized, replay.alpha, replay.priority_eps)
+        self.target_pairs: list[tuple[torch.Tensor, torch.Tensor]] = []  # (target, online) flat
+
+    @abstractmethod
+    def update(self, batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """One gradient update; returns (metrics, |TD error| per sample for prioritized replay)."""
+
+    def learn(self, episodes: Episodes) -> dict[str, float]:
+        train, replay = self.config.train, self.config.replay
+        self.buffer.store(episodes)
+        self.update_normalizers(episodes)
+        collected = []
+        for _ in range(train.n_batches):
+            batch = self.buffer.sample(train.batch_size, replay.strategy, replay.replay_k, self.rng,
+                                       beta=self.beta())
+            metrics, td_error = self.update({k: torch.from_numpy(np.ascontiguousarray(v))
+                                             for k, v in batch.items() if k != "indices"})
+            if "indices" in batch:
+                self.buffer.update_priorities(batch["indices"], td_error.numpy())
+            collected.append(metrics)
+            self.n_updates += 1
+            every = self.params.target_update_every
+            if every and self.n_updates % every == 0:
+                self.update_targets()
+            if train.sync_check_every and self.n_updates % train.sync_check_every == 0:
+                self.check_synced()
+        if not self.params.target_update_every:
+            self.update_targets()
+        if not collected:
+            return {}
+        return {k: float(torch.stack([m[k] for m in collected]).mean()) for k in collected[0]}
+
+    def update_normalizers(self, episodes: Episodes) -> None:
+        """Baselines: statistics of a relabelled sample as large as the new episodes (collective)."""
+        replay = self.config.replay
+        store = EpisodeStore.from_episodes(episodes, self.reward_fn, self.terminal_fn)
+        sample = store.sample(store.n_transitions, replay.strategy, replay.replay_k, self.rng)
+        self.inputs.observe(sample["obs"], sample["g"])
+        self.inputs.sync()
+
+    def update_targets(self) -> None:
+        with torch.no_grad():
+            for target, online in self.target_pairs:
+                target.lerp_(online, 1.0 - self.params.polyak)
+
+    def beta(self) -> float:
+        """Importance-weight exponent, annealed linearly from replay.beta to 1."""
+        replay, train = self.config.replay, self.config.train
+        horizon = replay.beta_anneal_updates or max(1, train.n_epochs * train.n_cycles * train.n_batches)
+        return min(1.0, replay.beta + (1.0 - replay.beta) * self.n_updates / horizon)
+
+    def buffer_state(self) -> dict:
+        return self.buffer.state_dict()
+
+    def load_buffer_state(self, state: dict) -> None:
+        self.buffer.load_state_dict(state)

