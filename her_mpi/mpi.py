@@ -43,6 +43,22 @@ def allreduce_mean_(array: np.ndarray) -> np.ndarray:
     return array
 
 
+def start_allreduce_mean_(array: np.ndarray):
+    """Begin averaging ``array`` over ranks in place; finish with :func:`finish_allreduce_mean_`.
+
+    Lets a rank compute its next gradient while it waits for the slowest rank."""
+    if COMM.Get_size() == 1:
+        return None
+    return COMM.Iallreduce(MPI.IN_PLACE, array, op=MPI.SUM)
+
+
+def finish_allreduce_mean_(request, array: np.ndarray) -> np.ndarray:
+    if request is not None:
+        request.Wait()
+        array /= COMM.Get_size()
+    return array
+
+
 def allreduce_sum_(array: np.ndarray) -> np.ndarray:
     if COMM.Get_size() > 1:
         COMM.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)

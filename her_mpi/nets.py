@@ -17,7 +17,8 @@ from torch import nn
 from her_mpi.config import NormalizerConfig
 from her_mpi.normalizer import Normalizer
 
-ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU}
+# ReLU in place: no new 256x256 tensor per layer (Linear's backward needs its input, not output).
+ACTIVATIONS = {"relu": lambda: nn.ReLU(inplace=True), "tanh": nn.Tanh, "elu": nn.ELU}
 
 
 def mlp(in_dim: int, hidden: list[int], out_dim: int, activation: str = "relu",

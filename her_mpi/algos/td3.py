@@ -108,17 +108,23 @@ class TD3(OffPolicyAgent):
         weights = batch.get("weights")
         squared = td_error.pow(2) if weights is None else weights * td_error.pow(2)
         critic_loss = squared.mean(-1).sum()
-        self.critic_optimizer.minimize(critic_loss, output=q)
+        self.critic_optimizer.backward(critic_loss, output=q)
         self.n_critic_updates += 1
         metrics = {"critic_loss": critic_loss.detach(), "q_mean": q.detach().mean(),
                    "target_mean": target.mean()}
 
-        if self.n_critic_updates % p.policy_delay == 0:
+        # Like baselines, the actor's gradient comes from the same critic parameters as the
+        # critic's own gradient; both are averaged over ranks while the other is computed.
+        update_actor = self.n_critic_updates % p.policy_delay == 0
+        if update_actor:
             action = self.actor(x)
             q_pi = self.critic.members[0](torch.cat([x, action], -1))
             actor_loss = -q_pi.mean() + p.action_l2 * action.pow(2).mean()
-            self.actor_optimizer.minimize(actor_loss, output=action)
+            self.actor_optimizer.backward(actor_loss, output=action)
             self.last_actor_loss = actor_loss.detach()
+        self.critic_optimizer.step()
+        if update_actor:
+            self.actor_optimizer.step()
         metrics["actor_loss"] = self.last_actor_loss
         return metrics, td_error[0].detach().abs()
 

@@ -1,5 +1,11 @@
 """Optimizers that keep every rank's network identical: the flat gradient is averaged over ranks
-before each step, so all ranks apply the same update to the same parameters."""
+before each step, so all ranks apply the same update to the same parameters.
+
+The two phases are separate so an agent can compute all its gradients from the same parameters
+(as baselines does) while the first averages are in flight, then step every network:
+``backward(loss)`` computes this network's gradient and starts its Allreduce, ``step()`` finishes
+the average and applies it.
+"""
 
 from __future__ import annotations
 
@@ -15,16 +21,25 @@ class SyncedAdam:
 
     def __init__(self, module: nn.Module, lr: float):
         self.flat = FlatParameters(module)
-        self.optimizer = torch.optim.Adam([self.flat.param], lr=lr)
+        self.optimizer = torch.optim.Adam([self.flat.param], lr=lr, fused=True)  # one kernel
+        self._pending = None
 
-    def minimize(self, loss: torch.Tensor, output: torch.Tensor | None = None) -> None:
-        """One step on ``loss``. Only this network's gradient is computed, even when the loss
-        flows through other networks (the actor's loss through the critic). ``output`` is the
-        network's prediction, used by curvature-aware optimizers (K-FAC) and ignored here."""
+    def backward(self, loss: torch.Tensor, output: torch.Tensor | None = None) -> None:
+        """This network's gradient of ``loss`` (only it, even when the loss flows through other
+        networks, like the actor's through the critic), then start averaging it over ranks.
+        ``output`` is the network's prediction; curvature-aware optimizers (K-FAC) use it."""
         self.flat.zero_grad()
         loss.backward(inputs=self.flat.params)
-        mpi.allreduce_mean_(self.flat.grad.numpy())
+        self._pending = mpi.start_allreduce_mean_(self.flat.grad.numpy())
+
+    def step(self) -> None:
+        mpi.finish_allreduce_mean_(self._pending, self.flat.grad.numpy())
+        self._pending = None
         self.optimizer.step()
+
+    def minimize(self, loss: torch.Tensor, output: torch.Tensor | None = None) -> None:
+        self.backward(loss, output)
+        self.step()
 
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()
