@@ -28,6 +28,10 @@ def mlp(in_dim: int, hidden: list[int], out_dim: int, activation: str = "relu",
         layers += [nn.Linear(last, width), ACTIVATIONS[activation]()]
         last = width
     layers.append(nn.Linear(last, out_dim))
+    for layer in layers:
+        if isinstance(layer, nn.Linear):  # Glorot-uniform weights and zero biases, like baselines
+            nn.init.xavier_uniform_(layer.weight)
+            nn.init.zeros_(layer.bias)
     if output_activation is not None:
         layers.append(output_activation())
     return nn.Sequential(*layers)

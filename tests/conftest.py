@@ -1,0 +1,58 @@
+"""Shared helpers: run programs under a real ``mpirun`` with the interpreter running pytest."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PROGRAMS = Path(__file__).resolve().parent / "programs"
+
+
+def mpi_env() -> dict:
+    env = dict(os.environ)
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+def run_mpi(n: int, args: list[str], timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``mpirun -np n python ARGS`` with this interpreter; returns the finished process."""
+    cmd = ["mpirun", "--oversubscribe", "-np", str(n), sys.executable, *map(str, args)]
+    started = time.monotonic()
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=mpi_env(),
+                            cwd=cwd or ROOT)
+    result.elapsed = time.monotonic() - started
+    return result
+
+
+def run_python(args: list[str], timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """The same program without mpirun (an MPI world of size 1)."""
+    result = subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True,
+                            timeout=timeout, env=mpi_env(), cwd=cwd or ROOT)
+    return result
+
+
+def read_progress(run_dir: Path) -> list[dict]:
+    with open(Path(run_dir) / "progress.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def describe(result: subprocess.CompletedProcess) -> str:
+    return f"exit {result.returncode}\n--- stdout ---\n{result.stdout[-4000:]}\n--- stderr ---\n{result.stderr[-4000:]}"
+
+
+# Tiny schedules for plumbing tests: a few updates, a few episodes.
+TINY = ["--set", "train.n_cycles=2", "--set", "train.n_batches=3", "--set", "train.n_test_rollouts=2",
+        "--set", "train.batch_size=32", "--set", "log.tensorboard=false"]
+
+
+@pytest.fixture
+def tiny_args():
+    return list(TINY)

@@ -1,0 +1,135 @@
+"""`python -m her_mpi.train` end to end under mpirun: run outputs, resume, and bad input."""
+
+import csv
+
+import pytest
+import torch
+
+from conftest import TINY, describe, read_progress, run_mpi, run_python
+
+pytestmark = pytest.mark.mpi
+
+CONTRACT_COLUMNS = ["epoch", "env_steps", "env_steps_per_rank", "n_ranks", "test_success_rate",
+                    "train_success_rate", "time_s"]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("runs") / "reach"
+    args = ["-m", "her_mpi.train", "--run-dir", run_dir, "--set", "train.n_epochs=2",
+            "--set", "checkpoint.every=1", *TINY, "--set", "log.tensorboard=true"]
+    result = run_mpi(2, args)
+    assert result.returncode == 0, describe(result)
+    return run_dir, result
+
+
+def test_run_directory_contract(finished_run):
+    run_dir, _ = finished_run
+    assert (run_dir / "config.yaml").is_file()
+    rows = read_progress(run_dir)
+    assert [int(r["epoch"]) for r in rows] == [0, 1]
+    assert list(rows[0])[: len(CONTRACT_COLUMNS)] == CONTRACT_COLUMNS
+    for column in ("critic_loss", "actor_loss", "q_mean", "steps_per_s"):
+        assert column in rows[0]
+    assert rows[-1]["n_ranks"] == "2"
+    assert int(rows[-1]["env_steps"]) == 2 * int(rows[-1]["env_steps_per_rank"]) == 2 * 2 * 2 * 2 * 50
+    assert list((run_dir / "tb").glob("events.out.tfevents.*"))
+    for name in ("latest.pt", "best.pt", "epoch_0001.pt", "epoch_0002.pt"):
+        assert (run_dir / "checkpoints" / name).is_file(), name
+    assert not list((run_dir / "checkpoints").glob("*.tmp"))  # atomic writes leave no debris
+
+
+def test_progress_line_per_epoch(finished_run):
+    _, result = finished_run
+    lines = [l for l in result.stdout.splitlines() if l.startswith("epoch ")]
+    assert len(lines) == 2
+    for part in ("test success", "env steps", "/rank x 2 ranks", "steps/s", "ETA"):
+        assert part in lines[-1]
+
+
+def test_checkpoint_holds_what_resuming_needs(finished_run):
+    run_dir, _ = finished_run
+    state = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=False)
+    assert state["algo"] == "ddpg" and state["epoch"] == 1 and state["n_ranks"] == 2
+    assert {"actor", "critic", "actor_target", "critic_target"} <= {k.split(".")[0] for k in state["agent"]["nets"]}
+    assert set(state["agent"]["optimizers"]) == {"actor", "critic"}
+    assert len(state["rng"]) == 2  # every rank's streams
+
+
+def test_resume_continues_at_the_next_epoch(finished_run):
+    run_dir, _ = finished_run
+    before = read_progress(run_dir)
+    result = run_mpi(2, ["-m", "her_mpi.train", "--resume", run_dir, "--set", "train.n_epochs=3"])
+    assert result.returncode == 0, describe(result)
+    assert "epoch 3/3" in result.stdout and "epoch 1/3" not in result.stdout
+    rows = read_progress(run_dir)
+    assert [int(r["epoch"]) for r in rows] == [0, 1, 2]
+    assert rows[:2] == before
+    assert int(rows[2]["env_steps"]) > int(rows[1]["env_steps"])
+    assert int(rows[2]["updates"]) == int(rows[1]["updates"]) + 2 * 3  # counters carried over
+    assert float(rows[2]["time_s"]) > float(rows[1]["time_s"])
+
+
+def test_replay_buffer_can_be_saved_per_rank(tmp_path):
+    args = ["-m", "her_mpi.train", "--run-dir", tmp_path / "run", "--set", "train.n_epochs=1",
+            "--set", "checkpoint.save_buffer=true", *TINY]
+    result = run_mpi(2, args)
+    assert result.returncode == 0, describe(result)
+    for rank in (0, 1):
+        assert (tmp_path / "run" / "checkpoints" / f"replay_rank{rank}.npz").is_file()
+    result = run_mpi(2, ["-m", "her_mpi.train", "--resume", tmp_path / "run", "--set", "train.n_epochs=2"])
+    assert result.returncode == 0, describe(result)
+
+
+# -- bad input: a clear message and a non-zero exit from every rank, before any collective ------
+
+def fails_with(args, *fragments, n=2):
+    result = run_mpi(n, ["-m", "her_mpi.train", *map(str, args)], timeout=120)
+    assert result.returncode == 2 or (result.returncode != 0 and n > 1), describe(result)
+    assert "Traceback" not in result.stderr, describe(result)
+    for fragment in fragments:
+        assert fragment in result.stderr, describe(result)
+    assert result.elapsed < 60
+    return result
+
+
+def test_unknown_config_key(tmp_path):
+    fails_with(["--run-dir", tmp_path, "--set", "train.n_cyles=3"], "'train.n_cyles'", "did you mean 'train.n_cycles'")
+
+
+def test_value_of_the_wrong_type_or_range(tmp_path):
+    fails_with(["--run-dir", tmp_path, "--set", "train.batch_size=big"], "train.batch_size", "expected an integer")
+    fails_with(["--run-dir", tmp_path, "--set", "replay.replay_k=-1"], "replay.replay_k", "-1", ">= 0")
+
+
+def test_unknown_env_lists_known_ones(tmp_path):
+    fails_with(["--run-dir", tmp_path, "--set", "env.id=FetchPushh-v4"], "FetchPushh-v4",
+               "FetchReach-v4", "FetchPush-v4", "HandReach-v3")
+
+
+def test_resume_without_checkpoint(tmp_path):
+    fails_with(["--resume", tmp_path], "no checkpoint", str(tmp_path))
+
+
+def test_checkpoint_of_another_env(finished_run):
+    run_dir, _ = finished_run
+    fails_with(["--resume", run_dir, "--set", "env.id=FetchPush-v4"], "FetchReach-v4", "FetchPush-v4",
+               "was trained with")
+
+
+def test_refuses_to_overwrite_an_existing_run(finished_run):
+    run_dir, _ = finished_run
+    fails_with(["--run-dir", run_dir], "already holds a run", "--resume")
+
+
+def test_error_without_mpirun_exits_2(tmp_path):
+    result = run_python(["-m", "her_mpi.train", "--run-dir", tmp_path, "--set", "algo.policy_dlay=2"], timeout=120)
+    assert result.returncode == 2 and "did you mean 'algo.policy_delay'" in result.stderr, describe(result)
+
+
+def test_plot_writes_png(finished_run, tmp_path):
+    run_dir, _ = finished_run
+    output = tmp_path / "success.png"
+    result = run_python(["-m", "her_mpi.plot", run_dir, run_dir, "--output", output])
+    assert result.returncode == 0, describe(result)
+    assert output.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
