@@ -176,7 +176,14 @@ def read_recipe(path: Path, _seen: tuple = ()) -> dict:
     if parent is None:
         return data
     base = read_recipe((path.parent / parent), _seen + (path.resolve(),))
+    if algo_name_of(data) not in (None, algo_name_of(base)):
+        base.pop("algo", None)  # another algorithm: the parent's algorithm parameters don't apply
     return deep_merge(base, data)
+
+
+def algo_name_of(raw: dict) -> str | None:
+    algo = raw.get("algo")
+    return algo if isinstance(algo, str) else algo.get("name") if isinstance(algo, dict) else None
 
 
 def deep_merge(base: dict, update: dict) -> dict:
@@ -212,11 +219,9 @@ def apply_override(raw: dict, item: str) -> None:
             else:
                 raise ConfigError(f"override {item!r}: {key!r} is a value, not a section")
         node = child
-    if keys == ["algo"] and isinstance(value, str):
-        algo = raw.get("algo")
-        algo = dict(algo) if isinstance(algo, dict) else {}
-        algo["name"] = value
-        raw["algo"] = algo
+    if keys in (["algo"], ["algo", "name"]) and isinstance(value, str):
+        if value != algo_name_of(raw):  # switching algorithms starts from the new one's defaults
+            raw["algo"] = {"name": value}
         return
     node[keys[-1]] = value
 

@@ -37,7 +37,7 @@ def test_unknown_key_names_it_and_suggests_the_nearest():
 def test_unknown_algorithm_key_is_checked_against_that_algorithm():
     message = error_of("algo.polyk=0.9")
     assert "'algo.polyk'" in message and "algo.polyak" in message
-    assert "policy_delay" in error_of("algo.policy_dela=2", "algo=td3")
+    assert "policy_delay" in error_of("algo=td3", "algo.policy_dela=2")
 
 
 def test_unknown_section_suggests_the_nearest():
@@ -96,3 +96,12 @@ def test_resolved_config_round_trips(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text(config.to_yaml())
     assert load_config(path).to_dict() == config.to_dict()
+
+
+def test_switching_algorithm_starts_from_its_defaults(tmp_path):
+    # fetch_reach_ddpg.yaml sets a DDPG-specific target schedule; TD3 recipes inherit the rest
+    td3 = load_config(ROOT / "configs" / "fetch_reach_td3.yaml")
+    assert td3.algo_name == "td3" and td3.algo.target_update_every == 2 and td3.train.n_cycles == 10
+    assert load_config(None, ["algo=sac"]).algo.target_update_every == 2
+    kept = load_config(None, ["algo.hidden=[64]"])
+    assert kept.algo.target_update_every == 8 and kept.algo.hidden == [64]

@@ -55,11 +55,12 @@ def test_env_steps_are_counted_per_rank_and_in_total(two_ranks):
     assert two_ranks["env_steps"] == 2 * two_ranks["env_steps_per_rank"] > 0
 
 
-def test_td3_stays_identical_with_twin_critics(tmp_path):
-    result = contract_result(run_mpi(2, [PROGRAMS / "mpi_contract.py", tmp_path, "td3"]))
+# critic every update, TD3's actor every policy_delay (2) updates; SAC also averages log(alpha)
+@pytest.mark.parametrize("algo, allreduces", [("td3", [1, 2]), ("sac", [3])])
+def test_twin_critic_algorithms_stay_identical(tmp_path, algo, allreduces):
+    result = contract_result(run_mpi(2, [PROGRAMS / "mpi_contract.py", tmp_path, algo]))
     assert result["identical_after_training"] and result["identical_after_more_updates"]
-    # critic every update, actor every policy_delay (2) updates
-    assert sorted(set(result["allreduces_per_update"])) == [1, 2]
+    assert sorted(set(result["allreduces_per_update"])) == allreduces
 
 
 def test_works_without_mpirun(tmp_path):

@@ -70,6 +70,21 @@ def test_resume_continues_at_the_next_epoch(finished_run):
     assert float(rows[2]["time_s"]) > float(rows[1]["time_s"])
 
 
+@pytest.mark.parametrize("algo", ["td3", "sac"])
+def test_other_algorithms_checkpoint_and_resume(tmp_path, algo):
+    run_dir = tmp_path / "run"
+    result = run_mpi(2, ["-m", "her_mpi.train", "--run-dir", run_dir, "--set", f"algo={algo}",
+                         "--set", "train.n_epochs=1", *TINY])
+    assert result.returncode == 0, describe(result)
+    state = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=False)
+    assert state["algo"] == algo and state["config"]["algo"]["name"] == algo
+    result = run_mpi(2, ["-m", "her_mpi.train", "--resume", run_dir, "--set", "train.n_epochs=2"])
+    assert result.returncode == 0, describe(result)
+    rows = read_progress(run_dir)
+    assert [int(r["epoch"]) for r in rows] == [0, 1] and "epoch 2/2" in result.stdout
+    assert list(rows[0])[: len(CONTRACT_COLUMNS)] == CONTRACT_COLUMNS
+
+
 def test_replay_buffer_can_be_saved_per_rank(tmp_path):
     args = ["-m", "her_mpi.train", "--run-dir", tmp_path / "run", "--set", "train.n_epochs=1",
             "--set", "checkpoint.save_buffer=true", *TINY]

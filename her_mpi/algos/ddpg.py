@@ -14,6 +14,7 @@ class DDPGParams(TD3Params):
     policy_delay: int = 1
     target_noise: float = 0.0
     target_update_every: int = 0
+    polyak: float = 0.95
 
 
 class DDPG(TD3):

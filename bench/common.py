@@ -1,0 +1,49 @@
+"""Helpers for the benchmark scripts: run training under mpirun, save JSON results."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+
+def mpi_env() -> dict:
+    env = dict(os.environ)
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+def train(run_dir: Path, config: str, n_ranks: int, overrides: list[str]) -> list[dict]:
+    """Run `python -m her_mpi.train` under mpirun and return its progress rows."""
+    cmd = ["mpirun", "--oversubscribe", "-np", str(n_ranks), sys.executable, "-m", "her_mpi.train",
+           "--config", config, "--run-dir", str(run_dir)]
+    for item in overrides:
+        cmd += ["--set", item]
+    print("$", " ".join(cmd), flush=True)
+    started = time.time()
+    subprocess.run(cmd, check=True, env=mpi_env(), cwd=ROOT)
+    print(f"  finished in {time.time() - started:.0f}s", flush=True)
+    with open(run_dir / "progress.csv", newline="") as f:
+        return [{k: float(v) if v not in ("", None) else None for k, v in r.items()} for r in csv.DictReader(f)]
+
+
+def machine() -> dict:
+    return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+            "date": time.strftime("%Y-%m-%d %H:%M")}
+
+
+def save(name: str, result: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"machine": machine(), **result}, indent=2))
+    print(json.dumps(result, indent=2))
+    print(f"saved {path}")
+    return path

@@ -1,0 +1,110 @@
+"""The continuous actor-critic update shared by TD3 (and DDPG) and SAC.
+
+One update: the TD target from the target networks (algorithm-specific), the critic ensemble's
+regression onto it, then the actor's (and SAC's temperature's) losses from the same parameters.
+Every gradient starts averaging over ranks as soon as it is computed; all networks step at the end.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from her_mpi.algos.base import OffPolicyAgent, OffPolicyParams
+from her_mpi.config import ConfigError, check
+from her_mpi.nets import ActionScaler, CriticEnsemble, DeployablePolicy, flat_target_copy
+from her_mpi.optim import SyncedAdam
+
+
+@dataclass
+class ActorCriticParams(OffPolicyParams):
+    lr_actor: float = 1e-3
+    lr_critic: float = 1e-3
+    n_critics: int = 2
+    random_eps: float = 0.3  # exploration: probability of a uniformly random action
+
+    def validate(self, path: str) -> None:
+        super().validate(path)
+        for name in ("lr_actor", "lr_critic"):
+            check(getattr(self, name) > 0, f"{path}.{name}", getattr(self, name), "a number > 0")
+        check(self.n_critics in (1, 2), f"{path}.n_critics", self.n_critics, "1 or 2")
+        check(0.0 <= self.random_eps <= 1.0, f"{path}.random_eps", self.random_eps, "a number in [0, 1]")
+
+
+class ActorCriticAgent(OffPolicyAgent):
+    """Owns the critic ensemble, its target and optimizer; subclasses add the actor."""
+
+    def __init__(self, spec, config, reward_fn, terminal_fn, seed_sequence):
+        super().__init__(spec, config, reward_fn, terminal_fn, seed_sequence)
+        if spec.discrete:
+            raise ConfigError(f"algo: {self.name} needs continuous actions but {spec.env_id} has "
+                              f"{spec.n_actions} discrete actions (use algo: dqn)")
+        p = self.params
+        self.critic = CriticEnsemble(self.inputs.out_dim + spec.action_dim, p.hidden, p.n_critics, p.activation)
+        self.critic_optimizer = self.make_optimizer(self.critic, p.lr_critic)
+        self.critic_target, critic_target_flat = flat_target_copy(self.critic)
+        self.target_pairs.append((critic_target_flat, self.critic_optimizer.flat.param))
+        self.nets.update({"critic": self.critic, "critic_target": self.critic_target})
+        self.scaler = ActionScaler(spec.action_low, spec.action_high)
+
+    def make_optimizer(self, module, lr):
+        return SyncedAdam(module, lr)
+
+    def add_actor(self, actor, with_target: bool) -> None:
+        self.actor = actor
+        self.actor_optimizer = self.make_optimizer(actor, self.params.lr_actor)
+        self.nets["actor"] = actor
+        if with_target:
+            self.actor_target, actor_target_flat = flat_target_copy(actor)
+            self.target_pairs.append((actor_target_flat, self.actor_optimizer.flat.param))
+            self.nets["actor_target"] = self.actor_target
+
+    def optimizers(self) -> dict:
+        return {"actor": self.actor_optimizer, "critic": self.critic_optimizer}
+
+    def policy(self) -> DeployablePolicy:
+        return DeployablePolicy(self.inputs, self.actor, self.scaler)
+
+    def explore(self, action: np.ndarray) -> np.ndarray:
+        """With probability random_eps per env, a uniformly random action instead."""
+        random_action = self.rng.uniform(-1.0, 1.0, action.shape).astype(np.float32)
+        use_random = self.rng.random((len(action), 1)) < self.params.random_eps
+        return np.where(use_random, random_action, action)
+
+    # -- one update ----------------------------------------------------------------------------
+
+    @abstractmethod
+    def td_target(self, x_next, rewards, terminals) -> torch.Tensor:
+        """r + gamma * (1 - terminal) * Q_target(s', a') with the algorithm's a' and bonus."""
+
+    @abstractmethod
+    def backward_actor(self, x: torch.Tensor, metrics: dict) -> list:
+        """Compute the actor's (and other) gradients; return the optimizers to step."""
+
+    def bootstrap(self, rewards, terminals, next_value) -> torch.Tensor:
+        target = rewards + self.gamma * (1.0 - terminals) * next_value
+        if self.params.clip_target:  # rewards are in [-1, 0], so returns are in [-1/(1-gamma), 0]
+            target = target.clamp(-1.0 / (1.0 - self.gamma), 0.0)
+        return target
+
+    def update(self, batch):
+        x = self.inputs(batch["obs"], batch["g"])
+        with torch.no_grad():
+            target = self.td_target(self.inputs(batch["obs_next"], batch["g"]), batch["rewards"],
+                                    batch["terminals"])
+        q = self.critic(torch.cat([x, batch["actions"]], -1))  # [n_critics, batch]
+        td_error = target - q
+        squared = td_error.pow(2)
+        if "weights" in batch:  # prioritized replay's importance weights
+            squared = batch["weights"] * squared
+        critic_loss = squared.mean(-1).sum()
+        self.critic_optimizer.backward(critic_loss, output=q)
+        metrics = {"critic_loss": critic_loss.detach(), "q_mean": q.detach().mean(),
+                   "target_mean": target.mean()}
+        # The actor's gradient uses the same (not yet updated) critic, as in baselines.
+        for optimizer in [self.critic_optimizer] + self.backward_actor(x, metrics):
+            optimizer.step()
+        return metrics, td_error[0].detach().abs()
