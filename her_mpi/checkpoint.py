@@ -26,6 +26,9 @@ def atomic_write(path: Path, write: Callable[[object], None], mode: str = "wb") 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would make outputs unreadable to others
     try:
         with os.fdopen(fd, mode) as f:
             write(f)

@@ -53,17 +53,20 @@ class RolloutWorker:
         self.action_center = (np.add(spec.action_low, spec.action_high) / 2).astype(np.float32)
         self.action_half_range = (np.subtract(spec.action_high, spec.action_low) / 2).astype(np.float32)
 
-    def generate(self, policy: Policy, n_episodes: int | None = None) -> Episodes:
-        """Run ``n_episodes`` (default: one per env) episodes in groups of len(envs)."""
+    def generate(self, policy: Policy, n_episodes: int | None = None, env_units: bool = False) -> Episodes:
+        """Run ``n_episodes`` (default: one per env) episodes in groups of len(envs).
+
+        ``policy`` returns actions in [-1, 1] (what agents use), or in the env's own units when
+        ``env_units`` (deployed policies: exported ONNX files, ``Agent.policy()``)."""
         n_episodes = len(self.envs) if n_episodes is None else n_episodes
         parts = []
         while n_episodes > 0:
             k = min(n_episodes, len(self.envs))
-            parts.append(self._run(policy, self.envs[:k]))
+            parts.append(self._run(policy, self.envs[:k], env_units))
             n_episodes -= k
         return parts[0] if len(parts) == 1 else Episodes.concatenate(parts)
 
-    def _run(self, policy: Policy, envs: list) -> Episodes:
+    def _run(self, policy: Policy, envs: list, env_units: bool) -> Episodes:
         spec, n, T = self.spec, len(envs), self.spec.horizon
         obs = np.zeros((n, T + 1, spec.obs_dim), np.float32)
         ag = np.zeros((n, T + 1, spec.goal_dim), np.float32)
@@ -77,9 +80,7 @@ class RolloutWorker:
             obs[i, 0], ag[i, 0], g[i, 0] = o["observation"], o["achieved_goal"], o["desired_goal"]
         running = np.ones(n, bool)
         for t in range(T):
-            act = policy(obs[:, t], g[:, t])
-            actions[:, t] = act.reshape(n, spec.action_dim)
-            env_act = self._to_env_action(act)
+            env_act, actions[:, t] = self._split_action(policy(obs[:, t], g[:, t]), env_units, n)
             for i, env in enumerate(envs):
                 if not running[i]:
                     obs[i, t + 1], ag[i, t + 1], g[i, t + 1] = obs[i, t], ag[i, t], g[i, t]
@@ -98,10 +99,16 @@ class RolloutWorker:
                 break
         return Episodes(obs, ag, g, actions, rewards, lengths, success)
 
-    def _to_env_action(self, act: np.ndarray) -> np.ndarray:
+    def _split_action(self, act, env_units: bool, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(what env.step gets, what is stored: [-1, 1] units or action indices)."""
+        act = np.asarray(act)
         if self.spec.discrete:
-            return np.asarray(act).reshape(-1).astype(np.int64)
-        return self.action_center + self.action_half_range * np.clip(act, -1.0, 1.0)
+            index = act.reshape(n).astype(np.int64)
+            return index, index[:, None]
+        act = act.reshape(n, self.spec.action_dim).astype(np.float32)
+        if env_units:
+            return act, (act - self.action_center) / self.action_half_range
+        return self.action_center + self.action_half_range * np.clip(act, -1.0, 1.0), act
 
     def close(self) -> None:
         for env in self.envs:

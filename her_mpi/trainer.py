@@ -24,7 +24,7 @@ from her_mpi.algos import ALGORITHMS
 from her_mpi.algos.base import Agent
 from her_mpi.checkpoint import (check_compatible, load_replay, replay_path, save_checkpoint,
                                 save_replay)
-from her_mpi.config import Config
+from her_mpi.config import Config, config_from_dict
 from her_mpi.envs import EnvSpec, compute_reward, compute_terminated
 from her_mpi.logger import RunLogger, progress_line
 from her_mpi.rollout import Episodes, RolloutWorker
@@ -43,6 +43,14 @@ def build_agent(config: Config, spec: EnvSpec, env=None, seed_sequence=None) -> 
     reward_fn = (lambda ag, g: compute_reward(env, ag, g)) if env is not None else None
     terminal_fn = (lambda ag, g: compute_terminated(env, ag, g)) if env is not None else None
     return cls(spec, config, reward_fn, terminal_fn, seed_sequence or np.random.SeedSequence(0))
+
+
+def agent_from_checkpoint(state: dict) -> Agent:
+    """Rebuild the trained agent from a loaded checkpoint (no env needed: acting only)."""
+    config = config_from_dict(state["config"])
+    agent = build_agent(config, EnvSpec(**state["spec"]))
+    agent.load_state_dict(state["agent"])
+    return agent
 
 
 def evaluate(agent: Agent, worker: RolloutWorker, n_episodes: int) -> Episodes:

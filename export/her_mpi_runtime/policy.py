@@ -1,0 +1,108 @@
+"""Run an exported her_mpi policy with numpy and onnxruntime only (no torch, MPI or MuJoCo)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+
+class PolicyInputError(ValueError):
+    """An observation or goal of the wrong shape, type or with non-finite values."""
+
+
+@dataclass(frozen=True)
+class PolicyMetadata:
+    algo: str
+    env_id: str
+    obs_dim: int
+    goal_dim: int
+    action_dim: int
+    discrete: bool
+    n_actions: int
+    action_low: np.ndarray  # empty for discrete policies
+    action_high: np.ndarray
+    control_period_s: float
+    train_env_steps: int
+    test_success_rate: float
+    her_mpi_version: str
+    raw: dict  # every metadata entry as stored, including the training config (JSON)
+
+    @property
+    def rate_hz(self) -> float:
+        return 1.0 / self.control_period_s if self.control_period_s > 0 else 0.0
+
+    @property
+    def training_config(self) -> dict:
+        return json.loads(self.raw.get("training_config", "{}"))
+
+    @classmethod
+    def from_map(cls, raw: dict, path: str) -> "PolicyMetadata":
+        missing = [k for k in ("algo", "env_id", "obs_dim", "goal_dim", "action_dim", "action_type") if k not in raw]
+        if missing:
+            raise ValueError(f"{path} is not a her_mpi policy: metadata lacks {', '.join(missing)} "
+                             f"(export it with python -m her_mpi.export)")
+        return cls(
+            algo=raw["algo"], env_id=raw["env_id"], obs_dim=int(raw["obs_dim"]), goal_dim=int(raw["goal_dim"]),
+            action_dim=int(raw["action_dim"]), discrete=raw["action_type"] == "discrete",
+            n_actions=int(raw.get("n_actions", 0)),
+            action_low=np.asarray(json.loads(raw.get("action_low", "[]")), np.float32),
+            action_high=np.asarray(json.loads(raw.get("action_high", "[]")), np.float32),
+            control_period_s=float(raw.get("control_period_s", 0.0)),
+            train_env_steps=int(raw.get("train_env_steps", 0)),
+            test_success_rate=float(raw.get("test_success_rate", "nan")),
+            her_mpi_version=raw.get("her_mpi_version", "?"), raw=dict(raw))
+
+
+class Policy:
+    """A loaded ONNX policy: ``act(observation, desired_goal)`` for one input or a batch.
+
+    One input (1-D arrays) gives one action (1-D); a batch ([n, dim] arrays) gives [n, action_dim].
+    Inputs are validated: wrong sizes, non-numeric values and NaN/Inf raise PolicyInputError.
+    """
+
+    def __init__(self, path: str | Path, intra_op_threads: int = 1):
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"no policy file at {str(path)!r}")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = intra_op_threads  # one thread: lowest latency at batch 1
+        options.inter_op_num_threads = 1
+        try:
+            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises several types for bad files
+            raise ValueError(f"{str(path)!r} is not a loadable ONNX model: {exc}") from None
+        self.path = path
+        self.metadata = PolicyMetadata.from_map(self.session.get_modelmeta().custom_metadata_map, str(path))
+        self._output = ["action"]
+
+    def act(self, observation, desired_goal) -> np.ndarray:
+        meta = self.metadata
+        obs = self._validated("observation", observation, meta.obs_dim)
+        goal = self._validated("desired_goal", desired_goal, meta.goal_dim)
+        single = obs.ndim == 1
+        if single != (goal.ndim == 1):
+            raise PolicyInputError("observation and desired_goal must both be single vectors or both batches")
+        if single:
+            obs, goal = obs[None], goal[None]
+        elif len(obs) != len(goal):
+            raise PolicyInputError(f"batch sizes differ: {len(obs)} observations, {len(goal)} goals")
+        (action,) = self.session.run(self._output, {"observation": obs, "desired_goal": goal})
+        return action[0] if single else action
+
+    __call__ = act
+
+    @staticmethod
+    def _validated(name: str, value, dim: int) -> np.ndarray:
+        try:
+            array = np.asarray(value, dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            raise PolicyInputError(f"{name} must be numeric, got {type(value).__name__}: {exc}") from None
+        if array.ndim not in (1, 2) or array.shape[-1] != dim:
+            raise PolicyInputError(f"{name} must have shape [{dim}] or [batch, {dim}], got {list(array.shape)}")
+        if not np.all(np.isfinite(array)):
+            raise PolicyInputError(f"{name} contains NaN or Inf: {array.tolist() if array.size <= 32 else '...'}")
+        return np.ascontiguousarray(array)

@@ -1,0 +1,148 @@
+"""``python -m her_mpi.export --checkpoint RUN/checkpoints/best.pt --output policy.onnx``
+
+Writes one self-contained ONNX file: inputs ``observation`` [batch, obs_dim] and ``desired_goal``
+[batch, goal_dim] (float32, any batch size), output ``action`` [batch, action_dim] in the env's
+units (float32), or the greedy action index [batch, 1] (int64) for discrete policies. The graph
+is the policy module the agent acts with in training (clip, normalise, clip, network, scale), so
+nothing has to be re-implemented on the robot. Metadata (algorithm, env, dims, bounds, control
+period, training progress and the full training config) is stored in the file.
+
+With ``--verify`` (the default) the file is checked with ``onnx.checker`` and onnxruntime must
+match torch within 1e-5 on random inputs at batch sizes 1, 3 and 64, or the command fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from her_mpi import __version__
+from her_mpi.checkpoint import atomic_write, load_checkpoint
+from her_mpi.config import ConfigError
+
+TOLERANCE = 1e-5
+VERIFY_BATCH_SIZES = (1, 3, 64)
+
+
+def metadata(state: dict) -> dict[str, str]:
+    spec = state["spec"]
+    return {
+        "her_mpi_version": __version__,
+        "algo": state["algo"],
+        "env_id": spec["env_id"],
+        "obs_dim": str(spec["obs_dim"]),
+        "goal_dim": str(spec["goal_dim"]),
+        "action_dim": str(spec["action_dim"]),
+        "action_type": "discrete" if spec["discrete"] else "continuous",
+        "n_actions": str(spec["n_actions"]),
+        "action_low": json.dumps(list(spec["action_low"])),
+        "action_high": json.dumps(list(spec["action_high"])),
+        "control_period_s": repr(spec["control_period"]),
+        "horizon": str(spec["horizon"]),
+        "train_env_steps": str(state["env_steps"]),
+        "train_epoch": str(state["epoch"] + 1),
+        "train_n_ranks": str(state["n_ranks"]),
+        "test_success_rate": repr(float(state["test_success_rate"])),
+        "training_config": json.dumps(state["config"]),
+    }
+
+
+def export_policy(policy: torch.nn.Module, obs_dim: int, goal_dim: int, meta: dict[str, str]):
+    """The ONNX ModelProto of ``policy`` with a dynamic batch dimension and ``meta`` attached."""
+    policy = policy.eval()
+    # A batch-1 example can freeze the batch dimension; export with several rows.
+    example = (torch.randn(4, obs_dim), torch.randn(4, goal_dim))
+    batch = torch.export.Dim("batch")
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # "torchvision is not installed" notes
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # exporter deprecation chatter, not about this model
+        program = torch.onnx.export(policy, example, dynamo=True, external_data=False,
+                                    input_names=["observation", "desired_goal"], output_names=["action"],
+                                    dynamic_shapes={"observation": {0: batch}, "desired_goal": {0: batch}},
+                                    verbose=False)
+    model = program.model_proto
+    for key, value in meta.items():
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, value
+    model.producer_name = "her_mpi"
+    model.producer_version = __version__
+    return model
+
+
+def random_inputs(policy, obs_dim: int, goal_dim: int, batch: int, rng: np.random.Generator):
+    """Inputs spread like the training data (normaliser statistics), some beyond the clip range."""
+    inputs = policy.inputs
+    obs = inputs.obs_normalizer.mean.numpy() + 3 * inputs.obs_normalizer.std.numpy() * rng.standard_normal((batch, obs_dim))
+    goal = inputs.goal_normalizer.mean.numpy() + 3 * inputs.goal_normalizer.std.numpy() * rng.standard_normal((batch, goal_dim))
+    return obs.astype(np.float32), goal.astype(np.float32)
+
+
+def verify(path: Path, policy, obs_dim: int, goal_dim: int) -> dict[int, float]:
+    """onnx.checker, then onnxruntime vs torch; returns the max abs difference per batch size."""
+    import onnx
+    import onnxruntime as ort
+
+    onnx.checker.check_model(str(path), full_check=True)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    differences = {}
+    for batch in VERIFY_BATCH_SIZES:
+        obs, goal = random_inputs(policy, obs_dim, goal_dim, batch, rng)
+        (onnx_action,) = session.run(["action"], {"observation": obs, "desired_goal": goal})
+        with torch.inference_mode():
+            torch_action = policy(torch.from_numpy(obs), torch.from_numpy(goal)).numpy()
+        if onnx_action.shape != torch_action.shape:
+            differences[batch] = float("inf")
+        else:
+            differences[batch] = float(np.abs(onnx_action.astype(np.float64) - torch_action).max())
+    return differences
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m her_mpi.export", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", required=True, help="a checkpoint file or a run directory")
+    parser.add_argument("--output", required=True, help="the .onnx file to write")
+    parser.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
+                        help="check the file and compare onnxruntime with torch (default: on)")
+    args = parser.parse_args(argv)
+
+    try:
+        state = load_checkpoint(args.checkpoint)
+    except ConfigError as exc:
+        print(f"her_mpi.export: error: {exc}", file=sys.stderr)
+        return 2
+    from her_mpi.trainer import agent_from_checkpoint  # after the cheap checks
+
+    torch.set_num_threads(1)
+    agent = agent_from_checkpoint(state)
+    policy = agent.policy().eval()
+    spec = state["spec"]
+    model = export_policy(policy, spec["obs_dim"], spec["goal_dim"], metadata(state))
+    output = Path(args.output)
+    atomic_write(output, lambda f: f.write(model.SerializeToString()))
+    print(f"wrote {output} ({output.stat().st_size / 1024:.0f} KiB): {state['algo']} on {spec['env_id']}, "
+          f"epoch {state['epoch'] + 1}, test success {state['test_success_rate']:.3f}")
+    if not args.verify:
+        return 0
+    differences = verify(output, policy, spec["obs_dim"], spec["goal_dim"])
+    report = ", ".join(f"batch {b}: {d:.2e}" for b, d in differences.items())
+    if max(differences.values()) > TOLERANCE:
+        print(f"her_mpi.export: verification FAILED: max |onnxruntime - torch| exceeds {TOLERANCE:g} "
+              f"({report})", file=sys.stderr)
+        return 1
+    print(f"verified: onnx.checker passed; max |onnxruntime - torch| {report} (tolerance {TOLERANCE:g})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
