@@ -14,6 +14,27 @@ from conftest import ROOT, TINY, describe, run_python
 ALGOS = ["ddpg", "sac"]
 
 
+def test_discrete_policy_exports_the_greedy_action(tmp_path):
+    run_dir, path = tmp_path / "run", tmp_path / "dqn.onnx"
+    result = run_python(["-m", "her_mpi.train", "--config", "configs/bitflip_10_dqn.yaml", "--run-dir", run_dir,
+                         "--set", "train.n_epochs=1", *TINY])
+    assert result.returncode == 0, describe(result)
+    result = run_python(["-m", "her_mpi.export", "--checkpoint", run_dir, "--output", path])
+    assert result.returncode == 0 and "verified" in result.stdout, describe(result)
+    from her_mpi_runtime import Policy
+
+    policy, module = Policy(path), torch_policy(run_dir / "checkpoints" / "latest.pt")
+    assert policy.metadata.discrete and policy.metadata.n_actions == 10 and policy.metadata.action_dim == 1
+    bits = np.random.default_rng(0).integers(0, 2, (64, 10)).astype(np.float32)
+    goals = np.random.default_rng(1).integers(0, 2, (64, 10)).astype(np.float32)
+    action = policy.act(bits, goals)
+    assert action.dtype == np.int64 and action.shape == (64, 1) and np.all((0 <= action) & (action < 10))
+    with torch.inference_mode():
+        np.testing.assert_array_equal(action, module(torch.from_numpy(bits), torch.from_numpy(goals)).numpy())
+    result = run_python(["-m", "her_mpi.evaluate", "--policy", path, "--episodes", "10"])
+    assert result.returncode == 0 and '"env_id": "BitFlipping-v0"' in result.stdout, describe(result)
+
+
 @pytest.fixture(scope="module", params=ALGOS)
 def exported(request, tmp_path_factory):
     """A briefly trained policy of each algorithm, exported to ONNX."""

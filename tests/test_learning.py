@@ -29,3 +29,21 @@ def test_untrained_policy_fails_fetch_reach(tmp_path):
     # the same pipeline with no gradient updates: the policy stays at its random initialisation
     success = train(tmp_path, REACH_RECIPES["ddpg"], "--set", "train.n_batches=0", epochs=1)
     assert success[0] <= 0.3, f"untrained success {success}"
+
+
+def bitflip_success(tmp_path, *overrides):
+    run_dir = tmp_path / "bitflip"
+    result = run_mpi(2, ["-m", "her_mpi.train", "--config", "configs/bitflip_10_dqn.yaml", "--run-dir", run_dir,
+                         "--set", "train.n_epochs=1", "--set", "log.tensorboard=false", *overrides])
+    assert result.returncode == 0, describe(result)
+    return float(read_progress(run_dir)[-1]["test_success_rate"])
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_dqn_with_hindsight_solves_10_bit_flipping(tmp_path, prioritized):
+    success = bitflip_success(tmp_path, "--set", f"replay.prioritized={str(prioritized).lower()}")
+    assert success >= 0.9, success
+
+
+def test_dqn_without_hindsight_fails_10_bit_flipping_at_the_same_budget(tmp_path):
+    assert bitflip_success(tmp_path, "--set", "replay.strategy=none") <= 0.1

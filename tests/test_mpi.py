@@ -55,10 +55,13 @@ def test_env_steps_are_counted_per_rank_and_in_total(two_ranks):
     assert two_ranks["env_steps"] == 2 * two_ranks["env_steps_per_rank"] > 0
 
 
-# critic every update, TD3's actor every policy_delay (2) updates; SAC also averages log(alpha)
-@pytest.mark.parametrize("algo, allreduces", [("td3", [1, 2]), ("sac", [3])])
-def test_twin_critic_algorithms_stay_identical(tmp_path, algo, allreduces):
-    result = contract_result(run_mpi(2, [PROGRAMS / "mpi_contract.py", tmp_path, algo]))
+# critic every update, TD3's actor every policy_delay (2) updates; SAC also averages log(alpha);
+# DQN has one network (with prioritized replay here, whose priorities stay per rank)
+@pytest.mark.parametrize("algo, allreduces, recipe", [
+    ("td3", [1, 2], None), ("sac", [3], None), ("dqn", [1], "configs/bitflip_10_dqn.yaml")])
+def test_other_algorithms_stay_identical(tmp_path, algo, allreduces, recipe):
+    extra = [recipe] if recipe else []
+    result = contract_result(run_mpi(2, [PROGRAMS / "mpi_contract.py", tmp_path, algo, *extra]))
     assert result["identical_after_training"] and result["identical_after_more_updates"]
     assert sorted(set(result["allreduces_per_update"])) == allreduces
 

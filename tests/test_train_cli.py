@@ -122,6 +122,17 @@ def test_unknown_env_lists_known_ones(tmp_path):
                "FetchReach-v4", "FetchPush-v4", "HandReach-v3")
 
 
+def test_algorithm_that_cannot_act_in_the_env(tmp_path):
+    fails_with(["--run-dir", tmp_path, "--set", "env.id=BitFlipping-v0", "--set", "env.kwargs={n_bits: 5}"],
+               "ddpg needs continuous actions", "BitFlipping-v0", "dqn")
+    fails_with(["--run-dir", tmp_path, "--set", "algo=dqn"], "dqn needs discrete actions", "FetchReach-v4")
+
+
+def test_invalid_env_parameter(tmp_path):
+    fails_with(["--run-dir", tmp_path, "--config", "configs/bitflip_10_dqn.yaml", "--set", "env.kwargs={n_bits: 0}"],
+               "n_bits must be an integer >= 1", "got 0")
+
+
 def test_resume_without_checkpoint(tmp_path):
     fails_with(["--resume", tmp_path], "no checkpoint", str(tmp_path))
 

@@ -1,7 +1,8 @@
 """Algorithms by config name. Each class carries its ``Params`` (the config's ``algo`` section)."""
 
 from her_mpi.algos.ddpg import DDPG
+from her_mpi.algos.dqn import DQN
 from her_mpi.algos.sac import SAC
 from her_mpi.algos.td3 import TD3
 
-ALGORITHMS = {cls.name: cls for cls in (DDPG, TD3, SAC)}
+ALGORITHMS = {cls.name: cls for cls in (DDPG, TD3, SAC, DQN)}

@@ -84,12 +84,6 @@ class ActorCriticAgent(OffPolicyAgent):
     def backward_actor(self, x: torch.Tensor, metrics: dict) -> list:
         """Compute the actor's (and other) gradients; return the optimizers to step."""
 
-    def bootstrap(self, rewards, terminals, next_value) -> torch.Tensor:
-        target = rewards + self.gamma * (1.0 - terminals) * next_value
-        if self.params.clip_target:  # rewards are in [-1, 0], so returns are in [-1/(1-gamma), 0]
-            target = target.clamp(-1.0 / (1.0 - self.gamma), 0.0)
-        return target
-
     def update(self, batch):
         x = self.inputs(batch["obs"], batch["g"])
         with torch.no_grad():

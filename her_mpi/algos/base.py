@@ -164,6 +164,13 @@ class OffPolicyAgent(Agent):
         self.inputs.observe(sample["obs"], sample["g"])
         self.inputs.sync()
 
+    def bootstrap(self, rewards, terminals, next_value) -> torch.Tensor:
+        """The TD target r + gamma * (1 - terminal) * next_value, clipped like baselines."""
+        target = rewards + self.gamma * (1.0 - terminals) * next_value
+        if self.params.clip_target:  # rewards are in [-1, 0], so returns are in [-1/(1-gamma), 0]
+            target = target.clamp(-1.0 / (1.0 - self.gamma), 0.0)
+        return target
+
     def update_targets(self) -> None:
         with torch.no_grad():
             for target, online in self.target_pairs:

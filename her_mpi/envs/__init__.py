@@ -102,6 +102,7 @@ def check_goal_env(env: gym.Env, env_id: str) -> None:
 def env_spec(env: gym.Env, env_id: str) -> EnvSpec:
     space = env.observation_space
     horizon = env.spec.max_episode_steps if env.spec is not None else None
+    horizon = horizon or getattr(env.unwrapped, "horizon", None)  # our envs end episodes themselves
     if not horizon:
         raise ConfigError(f"env.max_episode_steps: {env_id} has no registered horizon; set one")
     action = env.action_space

@@ -25,6 +25,70 @@ GoalFunction = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (achieved, desi
 STRATEGIES = ("future", "final", "episode", "random", "none")
 
 
+def uniform_transitions(cumulative_lengths: np.ndarray, lengths: np.ndarray, batch_size: int,
+                        rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(episode, t) uniform over transitions, given the cumulative episode lengths."""
+    if len(cumulative_lengths) == 0 or cumulative_lengths[-1] == 0:
+        raise ValueError("cannot sample from an empty replay buffer")
+    flat = rng.integers(0, cumulative_lengths[-1], size=batch_size)
+    episode = np.searchsorted(cumulative_lengths, flat, side="right")
+    return episode, flat - (cumulative_lengths[episode] - lengths[episode])
+
+
+def hindsight_sources(episode: np.ndarray, t: np.ndarray, lengths: np.ndarray, strategy: str,
+                      replay_k: int, rng: np.random.Generator, sample_any: Callable):
+    """Which transitions get a hindsight goal, and where in ``ag`` [episodes, T+1] it comes from.
+
+    ``ag[e, i]`` is the goal achieved after i actions of episode e (i = 0 before any action).
+    Returns (relabel mask, source episode, source index) for the relabelled transitions only.
+    ``sample_any(n, rng)`` draws (episode, t) uniformly over all transitions (``random``).
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown hindsight strategy {strategy!r}; expected one of {STRATEGIES}")
+    if strategy == "none" or replay_k == 0:
+        empty = np.zeros(0, np.int64)
+        return np.zeros(len(episode), bool), empty, empty
+    relabel = rng.random(len(episode)) < 1.0 - 1.0 / (1.0 + replay_k)
+    ep, step = episode[relabel], t[relabel]
+    length = lengths[ep]
+    if strategy == "future":  # uniform over the goals achieved after this step: ag[t+1 .. len]
+        return relabel, ep, step + 1 + (rng.random(len(ep)) * (length - step)).astype(np.int64)
+    if strategy == "final":
+        return relabel, ep, length
+    if strategy == "episode":  # any goal the episode achieved: ag[1 .. len]
+        return relabel, ep, 1 + (rng.random(len(ep)) * length).astype(np.int64)
+    source_ep, source_t = sample_any(len(ep), rng)  # random: any stored transition's outcome
+    return relabel, source_ep, source_t + 1
+
+
+class PrioritySampler:
+    """Proportional prioritized sampling over transition slots, with importance weights."""
+
+    def __init__(self, n_slots: int, alpha: float, priority_eps: float):
+        self.tree = SumTree(n_slots)
+        self.alpha, self.priority_eps = alpha, priority_eps
+        self.max_priority = 1.0
+
+    def add(self, slots: np.ndarray, valid: np.ndarray) -> None:
+        """New transitions get the highest priority seen so far; unused slots get zero."""
+        self.tree.update(slots, np.where(valid, self.max_priority ** self.alpha, 0.0))
+
+    def sample(self, batch_size: int, rng: np.random.Generator) -> np.ndarray:
+        return self.tree.sample(batch_size, rng)
+
+    def weights(self, slots: np.ndarray, n_stored: int, beta: float) -> np.ndarray:
+        """w_i = (N P(i))^-beta / max_j w_j, where the max is over every stored transition."""
+        total = self.tree.total
+        probabilities = self.tree.get(slots) / total
+        max_weight = (n_stored * self.tree.min / total) ** -beta
+        return ((n_stored * probabilities) ** -beta / max_weight).astype(np.float32)
+
+    def update(self, slots: np.ndarray, td_errors: np.ndarray) -> None:
+        priorities = np.abs(np.asarray(td_errors, np.float64)).ravel() + self.priority_eps
+        self.max_priority = max(self.max_priority, float(priorities.max()))
+        self.tree.update(slots, priorities ** self.alpha)
+
+
 class EpisodeStore:
     """Rectangular episode arrays (capacity episodes x horizon) with HER transition sampling."""
 
@@ -72,35 +136,16 @@ class EpisodeStore:
 
     def sample_indices(self, batch_size: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """(episode, t) pairs uniform over all stored transitions."""
-        if self.n_episodes == 0:
-            raise ValueError("cannot sample from an empty replay buffer")
         if self._cumulative_lengths is None:
             self._cumulative_lengths = np.cumsum(self.lengths[: self.n_episodes])
-        cumulative = self._cumulative_lengths
-        flat = rng.integers(0, cumulative[-1], size=batch_size)
-        episode = np.searchsorted(cumulative, flat, side="right")
-        t = flat - (cumulative[episode] - self.lengths[episode])
-        return episode, t
+        return uniform_transitions(self._cumulative_lengths, self.lengths, batch_size, rng)
 
     def hindsight_goals(self, episode: np.ndarray, t: np.ndarray, strategy: str, replay_k: int,
                         rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """Goals for transitions (episode, t): stored or hindsight. Returns (goals, relabelled)."""
         goals = self.g[episode, t].copy()
-        if strategy == "none" or replay_k == 0:
-            return goals, np.zeros(len(episode), bool)
-        relabel = rng.random(len(episode)) < 1.0 - 1.0 / (1.0 + replay_k)
-        ep, step, length = episode[relabel], t[relabel], self.lengths[episode[relabel]]
-        if strategy == "future":  # uniform over the achieved goals after this step: ag[t+1..len]
-            source_ep, source_t = ep, step + 1 + (rng.random(len(ep)) * (length - step)).astype(np.int64)
-        elif strategy == "final":
-            source_ep, source_t = ep, length
-        elif strategy == "episode":  # any achieved goal the episode reached: ag[1..len]
-            source_ep, source_t = ep, 1 + (rng.random(len(ep)) * length).astype(np.int64)
-        elif strategy == "random":
-            source_ep, source_t = self.sample_indices(len(ep), rng)
-            source_t = source_t + 1
-        else:
-            raise ValueError(f"unknown hindsight strategy {strategy!r}; expected one of {STRATEGIES}")
+        relabel, source_ep, source_t = hindsight_sources(
+            episode, t, self.lengths, strategy, replay_k, rng, self.sample_indices)
         goals[relabel] = self.ag[source_ep, source_t]
         return goals, relabel
 
@@ -134,53 +179,40 @@ class ReplayBuffer(EpisodeStore):
                  alpha: float = 0.6, priority_eps: float = 1e-6):
         capacity = max(1, size_transitions // horizon)
         super().__init__(capacity, horizon, obs_dim, goal_dim, action_dim, discrete, reward_fn, terminal_fn)
-        self.prioritized, self.alpha, self.priority_eps = prioritized, alpha, priority_eps
-        self.tree = SumTree(capacity * horizon) if prioritized else None
-        self.max_priority = 1.0
+        self.priorities = PrioritySampler(capacity * horizon, alpha, priority_eps) if prioritized else None
 
     def store(self, episodes: Episodes) -> np.ndarray:
         slots = super().store(episodes)
-        if self.tree is not None:  # new transitions get the highest priority seen so far
-            T = self.horizon
-            steps = np.arange(T)
-            flat = (slots[:, None] * T + steps).ravel()
-            valid = (steps[None, :] < self.lengths[slots][:, None]).ravel()
-            self.tree.update(flat, np.where(valid, self.max_priority ** self.alpha, 0.0))
+        if self.priorities is not None:
+            steps = np.arange(self.horizon)
+            self.priorities.add((slots[:, None] * self.horizon + steps).ravel(),
+                                (steps[None, :] < self.lengths[slots][:, None]).ravel())
         return slots
 
     def sample(self, batch_size: int, strategy: str, replay_k: int, rng: np.random.Generator,
                beta: float = 0.4) -> dict:
-        if self.tree is None:
+        if self.priorities is None:
             return super().sample(batch_size, strategy, replay_k, rng)
-        flat = self.tree.sample(batch_size, rng)
+        flat = self.priorities.sample(batch_size, rng)
         episode, t = np.divmod(flat, self.horizon)
         goals, relabelled = self.hindsight_goals(episode, t, strategy, replay_k, rng)
         batch = self.transitions(episode, t, goals)
-        batch["relabelled"] = relabelled
-        batch["indices"] = flat
-        batch["weights"] = self.importance_weights(flat, beta)
+        batch.update(relabelled=relabelled, indices=flat,
+                     weights=self.priorities.weights(flat, self.n_transitions, beta))
         return batch
 
-    def importance_weights(self, flat_indices: np.ndarray, beta: float) -> np.ndarray:
-        """w_i = (N P(i))^-beta / max_j w_j, where the max is over every stored transition."""
-        total, n = self.tree.total, self.n_transitions
-        probabilities = self.tree.get(flat_indices) / total
-        max_weight = (n * self.tree.min / total) ** -beta
-        return ((n * probabilities) ** -beta / max_weight).astype(np.float32)
-
     def update_priorities(self, flat_indices: np.ndarray, td_errors: np.ndarray) -> None:
-        priorities = np.abs(np.asarray(td_errors, np.float64)) + self.priority_eps
-        self.max_priority = max(self.max_priority, float(priorities.max()))
-        self.tree.update(flat_indices, priorities ** self.alpha)
+        self.priorities.update(flat_indices, td_errors)
 
     # -- persistence (optional part of a checkpoint) ---------------------------------------------
 
     def state_dict(self) -> dict:
         n = self.n_episodes
         state = {"obs": self.obs[:n], "ag": self.ag[:n], "g": self.g[:n], "actions": self.actions[:n],
-                 "lengths": self.lengths[:n], "next_slot": self.next_slot, "max_priority": self.max_priority}
-        if self.tree is not None:
-            state["priorities"] = self.tree.get(np.arange(n * self.horizon))
+                 "lengths": self.lengths[:n], "next_slot": self.next_slot}
+        if self.priorities is not None:
+            state["priorities"] = self.priorities.tree.get(np.arange(n * self.horizon))
+            state["max_priority"] = self.priorities.max_priority
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -191,7 +223,7 @@ class ReplayBuffer(EpisodeStore):
         for name in ("obs", "ag", "g", "actions", "lengths"):
             getattr(self, name)[:n] = state[name]
         self.n_episodes, self.next_slot = n, int(state["next_slot"])
-        self.max_priority = float(state["max_priority"])
         self._cumulative_lengths = None
-        if self.tree is not None and "priorities" in state:
-            self.tree.update(np.arange(n * self.horizon), state["priorities"])
+        if self.priorities is not None and "priorities" in state:
+            self.priorities.tree.update(np.arange(n * self.horizon), state["priorities"])
+            self.priorities.max_priority = float(state["max_priority"])

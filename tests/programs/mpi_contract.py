@@ -1,6 +1,6 @@
 """Run under mpirun (or alone): exercise the MPI contract, rank 0 prints one JSON line.
 
-    mpirun -np 2 python tests/programs/mpi_contract.py RUN_DIR [ALGO]
+    mpirun -np 2 python tests/programs/mpi_contract.py RUN_DIR [ALGO [RECIPE]]
 """
 
 import json
@@ -61,10 +61,11 @@ def normalizer_matches_union() -> float:
     return float(error)
 
 
-def main(run_dir: str, algo: str = "ddpg") -> None:
-    config = load_config(None, [f"algo={algo}", "train.n_epochs=1", "train.n_cycles=3",
+def main(run_dir: str, algo: str = "ddpg", recipe: str | None = None) -> None:
+    config = load_config(recipe, [f"algo={algo}", "train.n_epochs=1", "train.n_cycles=3", "train.rollouts_per_rank=2",
                                 "train.n_batches=4", "train.batch_size=64", "train.n_test_rollouts=3",
-                                "log.tensorboard=false", "train.sync_check_every=1"])
+                                "log.tensorboard=false", "train.sync_check_every=1"]
+                         + (["replay.prioritized=true"] if algo == "dqn" else []))
     recorded = {}
     evaluate = trainer_module.evaluate
 

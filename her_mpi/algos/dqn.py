@@ -1,0 +1,91 @@
+"""DQN and Double-DQN with hindsight replay for discrete actions (bit flipping).
+
+Q(s, g) outputs one value per action; epsilon-greedy exploration; a Polyak-averaged target
+network; Huber or squared TD loss weighted by prioritized replay's importance weights when
+``replay.prioritized`` is on. Double DQN picks the next action with the online network and
+evaluates it with the target network. The exported policy outputs the greedy action index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from her_mpi.algos.base import OffPolicyAgent, OffPolicyParams
+from her_mpi.config import ConfigError, check
+from her_mpi.nets import DeployablePolicy, GreedyAction, flat_target_copy, mlp
+from her_mpi.optim import SyncedAdam
+
+
+@dataclass
+class DQNParams(OffPolicyParams):
+    hidden: list[int] = field(default_factory=lambda: [256])
+    lr: float = 1e-3
+    double: bool = True
+    loss: str = "huber"  # huber | mse
+    epsilon: float = 0.1  # probability of a uniformly random action while collecting
+
+    def validate(self, path: str) -> None:
+        super().validate(path)
+        check(self.lr > 0, f"{path}.lr", self.lr, "a number > 0")
+        check(self.loss in ("huber", "mse"), f"{path}.loss", self.loss, "'huber' or 'mse'")
+        check(0.0 <= self.epsilon <= 1.0, f"{path}.epsilon", self.epsilon, "a number in [0, 1]")
+
+
+class DQN(OffPolicyAgent):
+    name = "dqn"
+    Params = DQNParams
+
+    def __init__(self, spec, config, reward_fn, terminal_fn, seed_sequence):
+        super().__init__(spec, config, reward_fn, terminal_fn, seed_sequence)
+        if not spec.discrete:
+            raise ConfigError(f"algo: dqn needs discrete actions but {spec.env_id} has continuous "
+                              f"actions (use ddpg, td3 or sac)")
+        p = self.params
+        self.q_network = mlp(self.inputs.out_dim, p.hidden, spec.n_actions, p.activation)
+        self.optimizer = SyncedAdam(self.q_network, p.lr)
+        self.q_target, q_target_flat = flat_target_copy(self.q_network)
+        self.target_pairs.append((q_target_flat, self.optimizer.flat.param))
+        self.nets.update({"q_network": self.q_network, "q_target": self.q_target})
+
+    def optimizers(self) -> dict:
+        return {"q_network": self.optimizer}
+
+    def act(self, obs: np.ndarray, g: np.ndarray, explore: bool) -> np.ndarray:
+        with torch.inference_mode():
+            action = self.q_network(self.inputs(torch.from_numpy(obs), torch.from_numpy(g))).argmax(-1).numpy()
+        if explore:
+            random_action = self.rng.integers(0, self.spec.n_actions, len(action))
+            action = np.where(self.rng.random(len(action)) < self.params.epsilon, random_action, action)
+        return action.astype(np.int64)[:, None]
+
+    def policy(self) -> DeployablePolicy:
+        return DeployablePolicy(self.inputs, self.q_network, GreedyAction())
+
+    def update(self, batch):
+        x = self.inputs(batch["obs"], batch["g"])
+        with torch.no_grad():
+            x_next = self.inputs(batch["obs_next"], batch["g"])
+            q_next_all = self.q_target(x_next)
+            if self.params.double:
+                next_action = self.q_network(x_next).argmax(-1, keepdim=True)
+                q_next = q_next_all.gather(-1, next_action).squeeze(-1)
+            else:
+                q_next = q_next_all.max(-1).values
+            target = self.bootstrap(batch["rewards"], batch["terminals"], q_next)
+        q_all = self.q_network(x)
+        q = q_all.gather(-1, batch["actions"]).squeeze(-1)
+        td_error = target - q
+        if self.params.loss == "huber":
+            per_sample = F.huber_loss(q, target, reduction="none", delta=1.0)
+        else:
+            per_sample = td_error.pow(2)
+        if "weights" in batch:
+            per_sample = batch["weights"] * per_sample
+        loss = per_sample.mean()
+        self.optimizer.minimize(loss, output=q_all)
+        metrics = {"q_loss": loss.detach(), "q_mean": q.detach().mean(), "target_mean": target.mean()}
+        return metrics, td_error.detach().abs()

@@ -1,0 +1,60 @@
+"""n-bit flipping (Andrychowicz et al. 2017): flip one bit per step to match a random target.
+
+A gymnasium goal env: dict observations (``observation`` = ``achieved_goal`` = the bits,
+``desired_goal`` = the target bits), ``Discrete(n)`` actions, reward -1 until the bits match the
+goal and 0 when they do, which ends the episode. Episodes last at most ``horizon`` (default n)
+steps. ``compute_reward`` and ``compute_terminated`` are vectorised over batches of goals.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+
+
+class BitFlippingEnv(gym.Env):
+    metadata = {"render_modes": []}
+
+    def __init__(self, n_bits: int = 10, horizon: int | None = None):
+        if not isinstance(n_bits, (int, np.integer)) or isinstance(n_bits, bool) or n_bits < 1:
+            raise ValueError(f"BitFlipping-v0: n_bits must be an integer >= 1, got {n_bits!r}")
+        if horizon is not None and (not isinstance(horizon, (int, np.integer)) or horizon < 1):
+            raise ValueError(f"BitFlipping-v0: horizon must be an integer >= 1 or None, got {horizon!r}")
+        self.n_bits = int(n_bits)
+        self.horizon = int(horizon) if horizon is not None else self.n_bits
+        bits = gym.spaces.Box(0.0, 1.0, (self.n_bits,), np.float32)
+        self.observation_space = gym.spaces.Dict(observation=bits, achieved_goal=bits, desired_goal=bits)
+        self.action_space = gym.spaces.Discrete(self.n_bits)
+        self.dt = 0.0
+        self.state = self.goal = None
+        self.steps = 0
+
+    def _obs(self) -> dict:
+        return {"observation": self.state.copy(), "achieved_goal": self.state.copy(), "desired_goal": self.goal.copy()}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.state = self.np_random.integers(0, 2, self.n_bits).astype(np.float32)
+        self.goal = self.state
+        while np.array_equal(self.goal, self.state):  # never start at the goal
+            self.goal = self.np_random.integers(0, 2, self.n_bits).astype(np.float32)
+        self.steps = 0
+        return self._obs(), {"is_success": 0.0}
+
+    def step(self, action):
+        action = int(action)
+        if not 0 <= action < self.n_bits:
+            raise ValueError(f"BitFlipping-v0: action must be in [0, {self.n_bits}), got {action}")
+        self.state[action] = 1.0 - self.state[action]
+        self.steps += 1
+        success = bool(np.array_equal(self.state, self.goal))
+        reward = float(self.compute_reward(self.state, self.goal, None))
+        return self._obs(), reward, success, self.steps >= self.horizon and not success, {"is_success": float(success)}
+
+    @staticmethod
+    def compute_reward(achieved_goal, desired_goal, info):
+        return -np.any(np.asarray(achieved_goal) != np.asarray(desired_goal), axis=-1).astype(np.float32)
+
+    @staticmethod
+    def compute_terminated(achieved_goal, desired_goal, info):
+        return np.all(np.asarray(achieved_goal) == np.asarray(desired_goal), axis=-1)
