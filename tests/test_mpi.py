@@ -58,7 +58,8 @@ def test_env_steps_are_counted_per_rank_and_in_total(two_ranks):
 # critic every update, TD3's actor every policy_delay (2) updates; SAC also averages log(alpha);
 # DQN has one network (with prioritized replay here, whose priorities stay per rank)
 @pytest.mark.parametrize("algo, allreduces, recipe", [
-    ("td3", [1, 2], None), ("sac", [3], None), ("dqn", [1], "configs/bitflip_10_dqn.yaml")])
+    ("td3", [1, 2], None), ("sac", [3], None), ("dqn", [1], "configs/bitflip_10_dqn.yaml"),
+    ("ddpg+kfac", [2], None), ("td3+kfac", [1, 2], None)])
 def test_other_algorithms_stay_identical(tmp_path, algo, allreduces, recipe):
     extra = [recipe] if recipe else []
     result = contract_result(run_mpi(2, [PROGRAMS / "mpi_contract.py", tmp_path, algo, *extra]))
@@ -85,3 +86,11 @@ def test_a_crash_on_one_rank_stops_the_whole_job(tmp_path):
     assert result.returncode != 0, describe(result)
     assert "injected fault on rank 1" in result.stderr and "[her_mpi rank 1/2]" in result.stderr
     assert result.elapsed < 120, f"took {result.elapsed:.0f}s to stop"
+
+
+def test_kfac_factors_are_part_of_the_identity_check(tmp_path):
+    result = contract_result(run_mpi(2, [PROGRAMS / "mpi_contract.py", tmp_path, "ddpg+kfac"]))
+    adam = contract_result(run_mpi(2, [PROGRAMS / "mpi_contract.py", tmp_path / "adam", "ddpg"]))
+    # 8 Linear layers (actor 4, critic 4), an A and a G factor each
+    assert result["n_synced_arrays"] == adam["n_synced_arrays"] + 16
+    assert result["identical_after_training"] and result["identical_after_more_updates"]

@@ -17,6 +17,7 @@ from her_mpi.algos.base import OffPolicyAgent, OffPolicyParams
 from her_mpi.config import ConfigError, check
 from her_mpi.nets import ActionScaler, CriticEnsemble, DeployablePolicy, flat_target_copy
 from her_mpi.optim import SyncedAdam
+from her_mpi.optim.kfac import KFAC
 
 
 @dataclass
@@ -44,23 +45,27 @@ class ActorCriticAgent(OffPolicyAgent):
                               f"{spec.n_actions} discrete actions (use algo: dqn)")
         p = self.params
         self.critic = CriticEnsemble(self.inputs.out_dim + spec.action_dim, p.hidden, p.n_critics, p.activation)
+        self.critic_target, critic_target_flat = flat_target_copy(self.critic)  # before any optimizer hooks
         self.critic_optimizer = self.make_optimizer(self.critic, p.lr_critic)
-        self.critic_target, critic_target_flat = flat_target_copy(self.critic)
         self.target_pairs.append((critic_target_flat, self.critic_optimizer.flat.param))
         self.nets.update({"critic": self.critic, "critic_target": self.critic_target})
         self.scaler = ActionScaler(spec.action_low, spec.action_high)
 
     def make_optimizer(self, module, lr):
+        """Adam, or K-FAC when the algorithm offers ``optimizer: kfac`` (DDPG, TD3)."""
+        if getattr(self.params, "optimizer", "adam") == "kfac":
+            return KFAC(module, self.params.kfac)
         return SyncedAdam(module, lr)
 
     def add_actor(self, actor, with_target: bool) -> None:
         self.actor = actor
-        self.actor_optimizer = self.make_optimizer(actor, self.params.lr_actor)
         self.nets["actor"] = actor
         if with_target:
             self.actor_target, actor_target_flat = flat_target_copy(actor)
-            self.target_pairs.append((actor_target_flat, self.actor_optimizer.flat.param))
             self.nets["actor_target"] = self.actor_target
+        self.actor_optimizer = self.make_optimizer(actor, self.params.lr_actor)
+        if with_target:
+            self.target_pairs.append((actor_target_flat, self.actor_optimizer.flat.param))
 
     def optimizers(self) -> dict:
         return {"actor": self.actor_optimizer, "critic": self.critic_optimizer}

@@ -68,6 +68,9 @@ class Agent(ABC):
         for name, module in self.nets.named_modules():
             if hasattr(module, "total"):
                 arrays[f"{name}.total"] = module.total
+        for name, optimizer in self.optimizers().items():
+            if hasattr(optimizer, "synced_arrays"):  # K-FAC's curvature factors
+                arrays.update({f"{name}.{k}": v for k, v in optimizer.synced_arrays().items()})
         return arrays
 
     def check_synced(self) -> None:

@@ -46,8 +46,8 @@ class DQN(OffPolicyAgent):
                               f"actions (use ddpg, td3 or sac)")
         p = self.params
         self.q_network = mlp(self.inputs.out_dim, p.hidden, spec.n_actions, p.activation)
-        self.optimizer = SyncedAdam(self.q_network, p.lr)
         self.q_target, q_target_flat = flat_target_copy(self.q_network)
+        self.optimizer = SyncedAdam(self.q_network, p.lr)
         self.target_pairs.append((q_target_flat, self.optimizer.flat.param))
         self.nets.update({"q_network": self.q_network, "q_target": self.q_target})
 

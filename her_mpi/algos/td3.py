@@ -8,7 +8,7 @@ boundary and in the exported policy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -17,10 +17,13 @@ from torch import nn
 from her_mpi.algos.actor_critic import ActorCriticAgent, ActorCriticParams
 from her_mpi.config import check
 from her_mpi.nets import mlp
+from her_mpi.optim.kfac import KFACParams
 
 
 @dataclass
 class TD3Params(ActorCriticParams):
+    optimizer: str = "adam"  # adam | kfac (natural gradient, HER+KFAC / TDHER+KFAC) for actor and critics
+    kfac: KFACParams = field(default_factory=KFACParams)  # used when optimizer is kfac
     action_l2: float = 1.0  # penalty on the squared [-1, 1] action in the actor loss
     noise_eps: float = 0.2  # exploration: Gaussian noise std, as a fraction of the action range
     policy_delay: int = 2  # critic updates per actor update
@@ -36,6 +39,7 @@ class TD3Params(ActorCriticParams):
         for name in ("action_l2", "noise_eps", "target_noise", "target_noise_clip"):
             check(getattr(self, name) >= 0, f"{path}.{name}", getattr(self, name), "a number >= 0")
         check(self.policy_delay >= 1, f"{path}.policy_delay", self.policy_delay, "an integer >= 1")
+        check(self.optimizer in ("adam", "kfac"), f"{path}.optimizer", self.optimizer, "'adam' or 'kfac'")
 
 
 class TD3(ActorCriticAgent):

@@ -1,0 +1,259 @@
+"""K-FAC: Kronecker-factored natural-gradient steps for the ``nn.Linear`` layers of a network,
+with the curvature averaged over MPI ranks (HER+KFAC and TDHER+KFAC of the first seed).
+
+For a layer with weight W [out, in] and bias b, the gradient G_W = [dW | db] is preconditioned
+with the Fisher block F ~ A (x) G, where A = E[a a^T] is the second moment of the layer input
+with a 1 appended (the bias column) and G = E[g g^T] the second moment of the gradient of the
+per-sample loss w.r.t. the layer output. ``g`` comes from a sampled loss, separate from the
+training gradient (ACKTR, and the seed's "sampling the loss by adding random noise"): the
+network's prediction is pulled towards itself plus N(0, 1) noise, i.e. the Gauss-Newton matrix of
+a unit-variance Gaussian (critic: targets q + N(0,1); actor: its action perturbed likewise).
+``g`` is the per-sample gradient (not divided by the batch size), so G is a per-sample average.
+
+Damping: ``plain`` solves (A (x) G + lambda I)^-1 vec(G_W) exactly in the Kronecker eigenbasis;
+``factored`` uses (A + pi sqrt(lambda) I)^-1 and (G + sqrt(lambda)/pi I)^-1 with
+pi = sqrt((tr A / dim A) / (tr G / dim G)) (Martens & Grosse's factored Tikhonov damping).
+The step is scaled by nu = min(1, sqrt(kl_clip / |lr^2 <V, grad>|)) and applied with momentum.
+
+Under MPI every rank computes factors on its own batch; the factors are allreduce-averaged (one
+collective) and the gradient is averaged as usual before preconditioning, so all ranks take the
+identical step. The eigen-decompositions or inverses (the n^3 part) are split across ranks,
+largest first to the least loaded rank, and each result is broadcast from the rank that made it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from her_mpi import mpi
+from her_mpi.config import check
+from her_mpi.nets import FlatParameters
+
+
+@dataclass
+class KFACParams:
+    lr: float = 0.05  # natural-gradient step size (replaces the Adam learning rate)
+    damping: float = 0.01  # Tikhonov damping lambda
+    damping_mode: str = "factored"  # factored | plain
+    momentum: float = 0.8  # the seed's best runs used 0.8
+    kl_clip: float = 1e-3
+    stat_decay: float = 0.95  # running average of the factors
+    factor_every: int = 5  # updates between factor refreshes (each costs a sampled backward pass)
+    inverse_every: int = 50  # updates between eigen-decompositions / inverses
+
+    def validate(self, path: str) -> None:
+        for name in ("lr", "damping", "kl_clip"):
+            check(getattr(self, name) > 0, f"{path}.{name}", getattr(self, name), "a number > 0")
+        check(self.damping_mode in ("factored", "plain"), f"{path}.damping_mode", self.damping_mode,
+              "'factored' or 'plain'")
+        check(0 <= self.momentum < 1, f"{path}.momentum", self.momentum, "a number in [0, 1)")
+        check(0 <= self.stat_decay < 1, f"{path}.stat_decay", self.stat_decay, "a number in [0, 1)")
+        for name in ("factor_every", "inverse_every"):
+            check(getattr(self, name) >= 1, f"{path}.{name}", getattr(self, name), "an integer >= 1")
+
+
+class KFACLayer:
+    """One nn.Linear: its captured activations, running factors and preconditioner."""
+
+    def __init__(self, module: nn.Linear):
+        self.module = module
+        self.input = self.output = None
+        n_in, n_out = module.in_features + 1, module.out_features
+        self.A, self.G = torch.zeros(n_in, n_in), torch.zeros(n_out, n_out)
+        self.preconditioner: list[torch.Tensor] = []  # eigen: Q_A, d_A, Q_G, d_G; inverse: A^-1, G^-1
+        self.initialized = False
+
+    @property
+    def cost(self) -> int:
+        return self.A.shape[0] ** 3 + self.G.shape[0] ** 3
+
+    def gradient(self) -> torch.Tensor:
+        """[dW | db] as one [out, in + 1] matrix (a copy)."""
+        return torch.cat([self.module.weight.grad, self.module.bias.grad[:, None]], dim=1)
+
+    def set_gradient(self, matrix: torch.Tensor) -> None:
+        self.module.weight.grad.copy_(matrix[:, :-1])
+        self.module.bias.grad.copy_(matrix[:, -1])
+
+
+def kronecker_factors(layer: KFACLayer, output_grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batch estimates of A and G from the captured input and the sampled output gradient."""
+    a = layer.input.reshape(-1, layer.input.shape[-1])
+    a = torch.cat([a, a.new_ones(a.shape[0], 1)], dim=1)
+    g = output_grad.reshape(-1, output_grad.shape[-1])
+    return a.T @ a / a.shape[0], g.T @ g / g.shape[0]
+
+
+def preconditioner(A: torch.Tensor, G: torch.Tensor, damping: float, mode: str) -> list[torch.Tensor]:
+    if mode == "plain":
+        d_A, Q_A = torch.linalg.eigh(A.double())
+        d_G, Q_G = torch.linalg.eigh(G.double())
+        return [t.float() for t in (Q_A, d_A.clamp_min(0), Q_G, d_G.clamp_min(0))]
+    pi = factored_pi(A, G)
+    root = math.sqrt(damping)
+    eye_A, eye_G = torch.eye(A.shape[0], dtype=torch.float64), torch.eye(G.shape[0], dtype=torch.float64)
+    A_inv = torch.cholesky_inverse(torch.linalg.cholesky(A.double() + pi * root * eye_A))
+    G_inv = torch.cholesky_inverse(torch.linalg.cholesky(G.double() + root / pi * eye_G))
+    return [A_inv.float(), G_inv.float()]
+
+
+def factored_pi(A: torch.Tensor, G: torch.Tensor) -> float:
+    """pi = sqrt((tr A / dim A) / (tr G / dim G)): splits the damping between the two factors."""
+    trace_A = float(torch.trace(A)) / A.shape[0]
+    trace_G = float(torch.trace(G)) / G.shape[0]
+    if trace_A <= 0 or trace_G <= 0:
+        return 1.0
+    return math.sqrt(trace_A / trace_G)
+
+
+def precondition(gradient: torch.Tensor, parts: list[torch.Tensor], damping: float, mode: str) -> torch.Tensor:
+    if mode == "plain":  # (A (x) G + lambda I)^-1 vec(grad), exactly, in the Kronecker eigenbasis
+        Q_A, d_A, Q_G, d_G = parts
+        rotated = Q_G.T @ gradient @ Q_A
+        return Q_G @ (rotated / (d_G[:, None] * d_A[None, :] + damping)) @ Q_A.T
+    A_inv, G_inv = parts
+    return G_inv @ gradient @ A_inv
+
+
+class KFAC:
+    """Drop-in for :class:`~her_mpi.optim.SyncedAdam`: ``backward(loss, output)`` then ``step()``."""
+
+    def __init__(self, module: nn.Module, params: KFACParams):
+        self.params = params
+        for child in module.modules():  # in-place ReLU would overwrite the captured layer outputs
+            if isinstance(child, nn.ReLU):
+                child.inplace = False
+        self.layers = [KFACLayer(m) for m in module.modules() if isinstance(m, nn.Linear)]
+        if not self.layers:
+            raise ValueError("K-FAC needs a network with nn.Linear layers")
+        self.flat = FlatParameters(module)
+        covered = sum(p.numel() for layer in self.layers for p in (layer.module.weight, layer.module.bias))
+        if covered != self.flat.param.numel():
+            raise ValueError("K-FAC preconditions nn.Linear layers only; this network has other parameters")
+        for layer in self.layers:
+            layer.module.register_forward_hook(self._capture(layer))
+        self.optimizer = torch.optim.SGD([self.flat.param], lr=params.lr, momentum=params.momentum)
+        self.generator = torch.Generator().manual_seed(7919 + mpi.rank())  # Fisher samples differ per rank
+        self.n_steps = 0
+        self._pending = None
+        self.last_nu = 1.0
+
+    @staticmethod
+    def _capture(layer: KFACLayer):
+        def hook(module, inputs, output):
+            if torch.is_grad_enabled():  # only passes that train this network
+                layer.input, layer.output = inputs[0].detach(), output
+        return hook
+
+    # -- the two phases ------------------------------------------------------------------------
+
+    def backward(self, loss: torch.Tensor, output: torch.Tensor | None = None) -> None:
+        if output is not None and self.n_steps % self.params.factor_every == 0:
+            self._update_factors(output)
+        self.flat.zero_grad()
+        loss.backward(inputs=self.flat.params)
+        self._pending = mpi.start_allreduce_mean_(self.flat.grad.numpy())
+
+    def step(self) -> None:
+        mpi.finish_allreduce_mean_(self._pending, self.flat.grad.numpy())
+        self._pending = None
+        p = self.params
+        if self.n_steps % p.inverse_every == 0 or not self.layers[0].preconditioner:
+            self._refresh_preconditioners()
+        gradients = [layer.gradient() for layer in self.layers]
+        natural = [precondition(g, layer.preconditioner, p.damping, p.damping_mode)
+                   for g, layer in zip(gradients, self.layers)]
+        # KL clip: nu = min(1, sqrt(kl_clip / |lr^2 <V, grad>|))
+        quadratic = sum(float((v * g).sum()) for v, g in zip(natural, gradients)) * p.lr ** 2
+        self.last_nu = min(1.0, math.sqrt(p.kl_clip / abs(quadratic))) if quadratic != 0 else 1.0
+        for layer, v in zip(self.layers, natural):
+            layer.set_gradient(v * self.last_nu)
+        self.optimizer.step()
+        self.n_steps += 1
+
+    def minimize(self, loss: torch.Tensor, output: torch.Tensor | None = None) -> None:
+        self.backward(loss, output)
+        self.step()
+
+    # -- curvature -----------------------------------------------------------------------------
+
+    def _update_factors(self, output: torch.Tensor) -> None:
+        """Sampled-loss backward pass -> batch factors -> averaged over ranks -> running average."""
+        layers = [layer for layer in self.layers if layer.output is not None and layer.output.requires_grad]
+        if len(layers) != len(self.layers):
+            return  # the network was not run with gradients before this loss (nothing to sample)
+        noise = torch.randn(output.shape, generator=self.generator)
+        output_grads = torch.autograd.grad(output, [l.output for l in layers], grad_outputs=noise,
+                                           retain_graph=True)
+        batch = [kronecker_factors(layer, g) for layer, g in zip(layers, output_grads)]
+        flat = torch.cat([f.reshape(-1) for pair in batch for f in pair])
+        mpi.allreduce_mean_(flat.numpy())
+        offset, decay = 0, self.params.stat_decay
+        for layer in layers:
+            for factor in (layer.A, layer.G):
+                size = factor.numel()
+                new = flat[offset: offset + size].view_as(factor)
+                offset += size
+                if layer.initialized:
+                    factor.mul_(decay).add_(new, alpha=1 - decay)
+                else:
+                    factor.copy_(new)
+            layer.initialized = True
+
+    def _refresh_preconditioners(self) -> None:
+        """Eigen-decompositions / inverses, split across ranks and broadcast from their owner."""
+        p = self.params
+        owners = assign_to_ranks([layer.cost for layer in self.layers], mpi.size())
+        for layer, owner in zip(self.layers, owners):
+            if not layer.initialized:  # no curvature yet: identity (a plain gradient step)
+                layer.A.copy_(torch.eye(layer.A.shape[0]))
+                layer.G.copy_(torch.eye(layer.G.shape[0]))
+            if owner == mpi.rank():
+                parts = preconditioner(layer.A, layer.G, p.damping, p.damping_mode)
+            else:
+                parts = [torch.empty_like(t) for t in preconditioner_shapes(layer, p.damping_mode)]
+            layer.preconditioner = [t.contiguous() for t in parts]
+        for layer, owner in zip(self.layers, owners):
+            for tensor in layer.preconditioner:
+                mpi.broadcast_(tensor.numpy(), root=owner)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "n_steps": self.n_steps,
+                "factors": [(l.A.clone(), l.G.clone(), l.initialized) for l in self.layers]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.n_steps = state["n_steps"]
+        for layer, (A, G, initialized) in zip(self.layers, state["factors"]):
+            layer.A.copy_(A)
+            layer.G.copy_(G)
+            layer.initialized = initialized
+        for layer in self.layers:
+            layer.preconditioner = []  # recomputed at the next step from the restored factors
+
+    def synced_arrays(self) -> dict[str, np.ndarray]:
+        return {f"kfac.{i}.{name}": t.numpy() for i, l in enumerate(self.layers) for name, t in (("A", l.A), ("G", l.G))}
+
+
+def preconditioner_shapes(layer: KFACLayer, mode: str) -> list[torch.Tensor]:
+    n_in, n_out = layer.A.shape[0], layer.G.shape[0]
+    if mode == "plain":
+        return [torch.empty(n_in, n_in), torch.empty(n_in), torch.empty(n_out, n_out), torch.empty(n_out)]
+    return [torch.empty(n_in, n_in), torch.empty(n_out, n_out)]
+
+
+def assign_to_ranks(costs: list[int], n_ranks: int) -> list[int]:
+    """Greedy longest-processing-time split: largest job first to the least loaded rank."""
+    load, owners = [0] * n_ranks, [0] * len(costs)
+    for index in sorted(range(len(costs)), key=lambda i: -costs[i]):
+        rank = min(range(n_ranks), key=lambda r: load[r])
+        owners[index] = rank
+        load[rank] += costs[index]
+    return owners
