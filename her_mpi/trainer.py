@@ -25,7 +25,7 @@ from her_mpi.algos.base import Agent
 from her_mpi.checkpoint import (check_compatible, load_replay, replay_path, save_checkpoint,
                                 save_replay)
 from her_mpi.config import Config, config_from_dict
-from her_mpi.envs import EnvSpec, compute_reward, compute_terminated
+from her_mpi.envs import EnvSpec, goal_functions
 from her_mpi.logger import RunLogger, progress_line
 from her_mpi.rollout import Episodes, RolloutWorker
 
@@ -40,9 +40,8 @@ def build_agent(config: Config, spec: EnvSpec, env=None, seed_sequence=None) -> 
     """The algorithm named by the config; ``env`` supplies the reward (not needed to act)."""
     cls = ALGORITHMS[config.algo_name]
     torch.manual_seed(config.train.seed)  # same initial weights everywhere (broadcast anyway)
-    reward_fn = (lambda ag, g: compute_reward(env, ag, g)) if env is not None else None
-    terminal_fn = (lambda ag, g: compute_terminated(env, ag, g)) if env is not None else None
-    return cls(spec, config, reward_fn, terminal_fn, seed_sequence or np.random.SeedSequence(0))
+    goal_fns = goal_functions(env) if env is not None else None
+    return cls(spec, config, goal_fns, seed_sequence or np.random.SeedSequence(0))
 
 
 def agent_from_checkpoint(state: dict) -> Agent:

@@ -38,8 +38,8 @@ class ActorCriticParams(OffPolicyParams):
 class ActorCriticAgent(OffPolicyAgent):
     """Owns the critic ensemble, its target and optimizer; subclasses add the actor."""
 
-    def __init__(self, spec, config, reward_fn, terminal_fn, seed_sequence):
-        super().__init__(spec, config, reward_fn, terminal_fn, seed_sequence)
+    def __init__(self, spec, config, goal_fns, seed_sequence):
+        super().__init__(spec, config, goal_fns, seed_sequence)
         if spec.discrete:
             raise ConfigError(f"algo: {self.name} needs continuous actions but {spec.env_id} has "
                               f"{spec.n_actions} discrete actions (use algo: dqn)")

@@ -18,9 +18,9 @@ from torch import nn
 
 from her_mpi import mpi
 from her_mpi.config import Config, check
-from her_mpi.envs import EnvSpec
+from her_mpi.envs import EnvSpec, GoalFunctions
 from her_mpi.nets import DeployablePolicy, GoalConditionedInput
-from her_mpi.replay.buffer import EpisodeStore, GoalFunction, ReplayBuffer
+from her_mpi.replay.buffer import EpisodeStore, ReplayBuffer
 from her_mpi.rollout import Episodes
 
 
@@ -30,10 +30,12 @@ class Agent(ABC):
     Params: type  # dataclass of the algorithm's hyperparameters: the config's `algo` section
     name: str
 
-    def __init__(self, spec: EnvSpec, config: Config, reward_fn: GoalFunction,
-                 terminal_fn: GoalFunction | None, seed_sequence: np.random.SeedSequence):
+    def __init__(self, spec: EnvSpec, config: Config, goal_fns: GoalFunctions | None,
+                 seed_sequence: np.random.SeedSequence):
+        """``goal_fns``: the env's vectorised reward/terminal/success functions (None when the
+        agent is only rebuilt to act, e.g. for export)."""
         self.spec, self.config, self.params = spec, config, config.algo
-        self.reward_fn, self.terminal_fn = reward_fn, terminal_fn
+        self.goal_fns = goal_fns
         self.rng = np.random.default_rng(seed_sequence)
         self.torch_rng = torch.Generator().manual_seed(int(seed_sequence.generate_state(1)[0]))
         self.nets = nn.ModuleDict()
@@ -121,9 +123,10 @@ class OffPolicyParams:
 class OffPolicyAgent(Agent):
     """Replay, hindsight relabelling, normalizer updates and the update schedule of one cycle."""
 
-    def __init__(self, spec, config, reward_fn, terminal_fn, seed_sequence):
-        super().__init__(spec, config, reward_fn, terminal_fn, seed_sequence)
+    def __init__(self, spec, config, goal_fns, seed_sequence):
+        super().__init__(spec, config, goal_fns, seed_sequence)
         replay = config.replay
+        reward_fn, terminal_fn = (goal_fns.reward, goal_fns.terminal) if goal_fns else (None, None)
         self.gamma = self.params.gamma if self.params.gamma is not None else 1.0 - 1.0 / spec.horizon
         self.buffer = ReplayBuffer(replay.size, spec.horizon, spec.obs_dim, spec.goal_dim,
                                    spec.action_dim, spec.discrete, reward_fn, terminal_fn,
@@ -162,7 +165,7 @@ class OffPolicyAgent(Agent):
     def update_normalizers(self, episodes: Episodes) -> None:
         """Baselines: statistics of a relabelled sample as large as the new episodes (collective)."""
         replay = self.config.replay
-        store = EpisodeStore.from_episodes(episodes, self.reward_fn, self.terminal_fn)
+        store = EpisodeStore.from_episodes(episodes, self.goal_fns.reward, self.goal_fns.terminal)
         sample = store.sample(store.n_transitions, replay.strategy, replay.replay_k, self.rng)
         self.inputs.observe(sample["obs"], sample["g"])
         self.inputs.sync()

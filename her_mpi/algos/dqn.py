@@ -39,8 +39,8 @@ class DQN(OffPolicyAgent):
     name = "dqn"
     Params = DQNParams
 
-    def __init__(self, spec, config, reward_fn, terminal_fn, seed_sequence):
-        super().__init__(spec, config, reward_fn, terminal_fn, seed_sequence)
+    def __init__(self, spec, config, goal_fns, seed_sequence):
+        super().__init__(spec, config, goal_fns, seed_sequence)
         if not spec.discrete:
             raise ConfigError(f"algo: dqn needs discrete actions but {spec.env_id} has continuous "
                               f"actions (use ddpg, td3 or sac)")

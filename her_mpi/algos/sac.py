@@ -74,8 +74,8 @@ class SAC(ActorCriticAgent):
     name = "sac"
     Params = SACParams
 
-    def __init__(self, spec, config, reward_fn, terminal_fn, seed_sequence):
-        super().__init__(spec, config, reward_fn, terminal_fn, seed_sequence)
+    def __init__(self, spec, config, goal_fns, seed_sequence):
+        super().__init__(spec, config, goal_fns, seed_sequence)
         p = self.params
         self.add_actor(SquashedGaussianActor(self.inputs.out_dim, p.hidden, spec.action_dim, p.activation),
                        with_target=False)

@@ -46,8 +46,8 @@ class TD3(ActorCriticAgent):
     name = "td3"
     Params = TD3Params
 
-    def __init__(self, spec, config, reward_fn, terminal_fn, seed_sequence):
-        super().__init__(spec, config, reward_fn, terminal_fn, seed_sequence)
+    def __init__(self, spec, config, goal_fns, seed_sequence):
+        super().__init__(spec, config, goal_fns, seed_sequence)
         p = self.params
         self.add_actor(mlp(self.inputs.out_dim, p.hidden, spec.action_dim, p.activation,
                            output_activation=nn.Tanh), with_target=True)

@@ -121,6 +121,23 @@ def env_spec(env: gym.Env, env_id: str) -> EnvSpec:
     )
 
 
+@dataclass(frozen=True)
+class GoalFunctions:
+    """An env's goal arithmetic, vectorised over batches of (achieved, desired) goals."""
+
+    reward: callable
+    terminal: callable
+    success: callable
+    timeout_reward: float  # reward of running out of time (predator-prey: -1), not goal-dependent
+
+
+def goal_functions(env: gym.Env) -> GoalFunctions:
+    return GoalFunctions(reward=lambda ag, g: compute_reward(env, ag, g),
+                         terminal=lambda ag, g: compute_terminated(env, ag, g),
+                         success=lambda ag, g: compute_success(env, ag, g),
+                         timeout_reward=float(getattr(env.unwrapped, "timeout_reward", 0.0)))
+
+
 def compute_reward(env: gym.Env, achieved_goal: np.ndarray, desired_goal: np.ndarray) -> np.ndarray:
     """The env's own vectorised reward for a batch of (achieved, desired) goal pairs."""
     reward = env.unwrapped.compute_reward(achieved_goal, desired_goal, None)
@@ -131,3 +148,15 @@ def compute_terminated(env: gym.Env, achieved_goal: np.ndarray, desired_goal: np
     """Whether reaching ``achieved_goal`` ends the episode (False for Fetch/Hand, which never end)."""
     terminated = env.unwrapped.compute_terminated(achieved_goal, desired_goal, None)
     return np.broadcast_to(np.asarray(terminated, dtype=np.float32), (len(achieved_goal),))
+
+
+def compute_success(env: gym.Env, achieved_goal: np.ndarray, desired_goal: np.ndarray) -> np.ndarray:
+    """1.0 where ``achieved_goal`` counts as reaching ``desired_goal`` (vectorised)."""
+    unwrapped = env.unwrapped
+    if hasattr(unwrapped, "compute_success"):  # our envs
+        success = unwrapped.compute_success(achieved_goal, desired_goal)
+    elif hasattr(unwrapped, "_is_success"):  # gymnasium-robotics Fetch and Hand envs
+        success = unwrapped._is_success(achieved_goal, desired_goal)
+    else:  # sparse -1/0 rewards: success is reward 0
+        success = compute_reward(env, achieved_goal, desired_goal) >= 0
+    return np.asarray(success, dtype=np.float32).reshape(len(achieved_goal))

@@ -58,3 +58,6 @@ class BitFlippingEnv(gym.Env):
     @staticmethod
     def compute_terminated(achieved_goal, desired_goal, info):
         return np.all(np.asarray(achieved_goal) == np.asarray(desired_goal), axis=-1)
+
+    def compute_success(self, achieved_goal, desired_goal):
+        return self.compute_terminated(achieved_goal, desired_goal, None).astype(np.float32)

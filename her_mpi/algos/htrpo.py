@@ -1,0 +1,290 @@
+"""HTRPO (Hindsight Trust Region Policy Optimization, the second seed) and HPG.
+
+One iteration: choose hindsight goals from the batch's achieved goals (Hindsight Goal Filtering,
+identical on every rank), rewrite every episode for every goal (each copy ends at its first
+success; sparse reward T - t there, as in the authors' code), weight each step by the
+per-decision importance ratio prod_k pi(a_k|s_k,g') / pi(a_k|s_k,g) (normalised over episodes
+for each goal and step: weighted importance sampling), then
+
+* HTRPO: maximise the weighted surrogate subject to the QKL constraint
+  E_w[1/2 (log pi_old - log pi)^2] <= max_kl: conjugate gradient on Hessian-vector products of
+  the constraint (+ damping), step sqrt(2 max_kl / x^T H x) x, backtracking line search;
+* HPG (``algo: hpg``): a plain gradient step on the same weighted objective.
+
+Then the critic V(s, g) is refit on TD(0) targets. Every gradient, Hessian-vector product and
+line-search value is summed over ranks, so every rank takes the same step.
+Ablations: ``kl: qkl | analytic | logratio``, ``goal_filtering``, ``weighted_is``,
+``reward: sparse | dense``; ``hindsight: false`` is plain TRPO.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from her_mpi import mpi
+from her_mpi.algos.on_policy import OnPolicyAgent, OnPolicyParams, Relabelled, gae, global_sum, relabel
+from her_mpi.algos.policies import detach_params
+from her_mpi.config import check
+from her_mpi.nets import FlatParameters
+from her_mpi.optim import SyncedAdam
+from her_mpi.rollout import Episodes
+
+MAX_LOG_RATIO = 20.0  # per-decision log importance ratios are clipped to avoid overflow
+
+
+@dataclass
+class HTRPOParams(OnPolicyParams):
+    max_kl: float = 1e-3  # 2e-5 in the paper's Fetch experiments
+    cg_iters: int = 10
+    cg_damping: float = 1e-3
+    hvp_subsample: float = 1.0  # fraction of rows used for Hessian-vector products (speed)
+    line_search_steps: int = 10
+    kl: str = "qkl"  # qkl | analytic | logratio
+    goal_filtering: bool = True  # Hindsight Goal Filtering; off: uniformly sampled achieved goals
+    weighted_is: bool = True
+    reward: str = "sparse"  # sparse: T - t at the first success; dense: -|achieved - goal|
+    n_goals: int = 100  # hindsight goals per iteration (0: every distinct achieved goal)
+    goal_decimals: int = 3  # achieved goals are rounded to this many decimals to find distinct ones
+    gae_lambda: float = 0.0  # 0: TD(0) advantages and targets, as in the authors' code
+    critic_iters: int = 20
+    critic_batch_size: int = 0  # 0: full batch
+    pg_lr: float = 1e-3  # HPG's step size
+
+    def validate(self, path: str) -> None:
+        super().validate(path)
+        check(self.max_kl > 0, f"{path}.max_kl", self.max_kl, "a number > 0")
+        check(self.kl in ("qkl", "analytic", "logratio"), f"{path}.kl", self.kl, "'qkl', 'analytic' or 'logratio'")
+        check(self.reward in ("sparse", "dense"), f"{path}.reward", self.reward, "'sparse' or 'dense'")
+        for name in ("cg_iters", "line_search_steps", "critic_iters"):
+            check(getattr(self, name) >= 1, f"{path}.{name}", getattr(self, name), "an integer >= 1")
+        for name in ("n_goals", "critic_batch_size"):
+            check(getattr(self, name) >= 0, f"{path}.{name}", getattr(self, name), "an integer >= 0")
+        check(self.cg_damping >= 0, f"{path}.cg_damping", self.cg_damping, "a number >= 0")
+        check(0 < self.hvp_subsample <= 1, f"{path}.hvp_subsample", self.hvp_subsample, "a number in (0, 1]")
+        check(self.pg_lr > 0, f"{path}.pg_lr", self.pg_lr, "a number > 0")
+        check(0.0 <= self.gae_lambda <= 1.0, f"{path}.gae_lambda", self.gae_lambda, "a number in [0, 1]")
+
+
+def hindsight_goal_filtering(achieved: np.ndarray, original: np.ndarray, n_goals: int,
+                             rng: np.random.Generator) -> np.ndarray:
+    """Algorithm 2 of the seed. Candidates inside the bounding box of the original goals (over
+    the dimensions where they vary) are spread out by farthest-point sampling from a random
+    start; if none is inside, the achieved goals nearest to the original ones are taken.
+    Distances are measured in units of the original goals' spread per dimension."""
+    n_goals = min(n_goals or len(achieved), len(achieved))
+    low, high = original.min(axis=0), original.max(axis=0)
+    varying = high > low
+    scale = np.where(original.std(axis=0) > 0, original.std(axis=0), 1.0)
+    inside = np.all((achieved[:, varying] >= low[varying]) & (achieved[:, varying] <= high[varying]), axis=1)
+    if not inside.any():
+        distance = np.linalg.norm((achieved[:, None, :] - original[None, :, :]) / scale, axis=-1).min(axis=1)
+        return achieved[np.argsort(distance, kind="stable")[:n_goals]]
+    valid = achieved[inside] / scale
+    chosen = [int(rng.integers(len(valid)))]
+    nearest = np.linalg.norm(valid - valid[chosen[0]], axis=1)
+    while len(chosen) < min(n_goals, len(valid)):
+        pick = int(np.argmax(nearest))
+        if nearest[pick] <= 0:
+            break  # only duplicates left
+        chosen.append(pick)
+        nearest = np.minimum(nearest, np.linalg.norm(valid - valid[pick], axis=1))
+    return achieved[inside][chosen]
+
+
+def conjugate_gradient(hvp, b: torch.Tensor, iterations: int, tolerance: float = 1e-10) -> torch.Tensor:
+    """Solve H x = b for symmetric positive definite H given only x -> H x."""
+    x = torch.zeros_like(b)
+    r, p = b.clone(), b.clone()
+    r_dot = r @ r
+    for _ in range(iterations):
+        hp = hvp(p)
+        alpha = r_dot / (p @ hp)
+        x += alpha * p
+        r -= alpha * hp
+        new_r_dot = r @ r
+        if new_r_dot < tolerance:
+            break
+        p = r + (new_r_dot / r_dot) * p
+        r_dot = new_r_dot
+    return x
+
+
+class HTRPO(OnPolicyAgent):
+    name = "htrpo"
+    Params = HTRPOParams
+
+    def __init__(self, spec, config, goal_fns, seed_sequence):
+        super().__init__(spec, config, goal_fns, seed_sequence)
+        self.make_policy_optimizer()
+
+    def make_policy_optimizer(self) -> None:
+        self.policy_flat = FlatParameters(self.policy_net)
+
+    # -- goals and data ------------------------------------------------------------------------
+
+    def select_goals(self, episodes: Episodes) -> np.ndarray:
+        """The same hindsight goals on every rank, from all ranks' achieved and original goals."""
+        p = self.params
+        steps = np.arange(1, episodes.ag.shape[1])[None, :] <= episodes.lengths[:, None]
+        achieved = np.unique(np.round(episodes.ag[:, 1:][steps], p.goal_decimals), axis=0)
+        original = np.unique(np.round(episodes.g[:, 0], p.goal_decimals), axis=0)
+        achieved = np.unique(np.concatenate(mpi.allgather_object(achieved)), axis=0)
+        original = np.unique(np.concatenate(mpi.allgather_object(original)), axis=0)
+        rng = np.random.default_rng([self.config.train.seed, self.n_iterations])  # shared by all ranks
+        if p.goal_filtering:
+            return hindsight_goal_filtering(achieved, original, p.n_goals, rng).astype(np.float32)
+        n = min(p.n_goals or len(achieved), len(achieved))
+        return achieved[rng.choice(len(achieved), n, replace=False)].astype(np.float32)
+
+    def rewards(self, episodes: Episodes, data: Relabelled) -> np.ndarray:
+        copy, t = data.rows
+        if self.params.reward == "dense":
+            ag_next = episodes.ag[data.source[copy], t + 1]
+            return -np.linalg.norm(ag_next - data.goals[copy, t + 1], axis=-1).astype(np.float32)
+        horizon = episodes.actions.shape[1]
+        return np.where(data.terminal[copy, t], horizon - t, 0).astype(np.float32)
+
+    def build_batch(self, episodes: Episodes, goals: np.ndarray) -> tuple[dict[str, torch.Tensor], Relabelled]:
+        """Rows of the original episodes (weight 1) and of every episode under every goal."""
+        n, T = len(episodes), episodes.actions.shape[1]
+        source = np.concatenate([np.arange(n), np.tile(np.arange(n), len(goals))])
+        goal_rows = np.repeat(goals, n, axis=0)[:, None, :].repeat(T + 1, axis=1)
+        all_goals = np.concatenate([episodes.g, goal_rows]) if len(goals) else episodes.g
+        data = relabel(episodes, source, all_goals, self.goal_fns.success)
+        batch = self.row_tensors(episodes, data)
+        batch["rewards"] = torch.from_numpy(self.rewards(episodes, data))
+        copy, t = data.rows
+        with torch.no_grad():
+            old = detach_params(self.policy_net.params(batch["x"]))
+            log_prob_goal = self.policy_net.log_prob_of(old, batch["actions"])
+            log_prob_own = self.policy_net.log_prob(batch["x_own"], batch["actions"])
+        batch["old"], batch["old_log_prob"] = old, log_prob_goal
+        batch["weights"] = torch.from_numpy(self.importance_weights(
+            data, copy, t, (log_prob_goal - log_prob_own).numpy(), n_original=n, n_goals=len(goals)))
+        return batch, data
+
+    def importance_weights(self, data, copy, t, log_ratio, n_original, n_goals) -> np.ndarray:
+        """Per-decision importance weights, normalised over episodes (globally) per goal and step."""
+        M, T = data.mask.shape
+        grid = np.zeros((M, T))
+        grid[copy, t] = log_ratio
+        grid[:n_original] = 0.0  # the original goals: on-policy data
+        rho = np.exp(np.clip(np.cumsum(grid, axis=1), -MAX_LOG_RATIO, MAX_LOG_RATIO)) * data.mask
+        if self.params.weighted_is and n_goals:
+            per_goal = rho[n_original:].reshape(n_goals, n_original, T)
+            valid = data.mask[n_original:].reshape(n_goals, n_original, T)
+            sums = mpi.allreduce_sum_(np.stack([per_goal.sum(axis=1), valid.sum(axis=1)]).astype(np.float64))
+            normalised = per_goal * (sums[1] / np.maximum(sums[0], 1e-12))[:, None, :]
+            rho[n_original:] = normalised.reshape(-1, T)
+        return rho[copy, t].astype(np.float32)
+
+    # -- the update ----------------------------------------------------------------------------
+
+    def learn(self, episodes: Episodes) -> dict[str, float]:
+        p = self.params
+        goals = self.select_goals(episodes) if p.hindsight else np.zeros((0, self.spec.goal_dim), np.float32)
+        self.update_normalizers(episodes, goals)
+        batch, data = self.build_batch(episodes, goals)
+        n_rows = global_sum(len(batch["x"]))[0]
+        with torch.no_grad():  # advantages (TD(0) by default) and critic targets from the current critic
+            value = self.value_net(batch["x"]).squeeze(-1)
+            next_value = self.value_net(batch["x_next"]).squeeze(-1)
+            advantages = torch.from_numpy(gae(data, batch["rewards"].numpy(), value.numpy(), next_value.numpy(),
+                                              p.gamma, p.gae_lambda))
+            targets = advantages + value
+            total, total_sq = global_sum(float(advantages.sum()), float(advantages.pow(2).sum()))
+            mean = total / n_rows
+            std = max(np.sqrt(max(total_sq / n_rows - mean ** 2, 0.0)), 1e-8)
+            batch["advantages"] = (advantages - mean) / std
+            batch["coefficients"] = batch["weights"] * p.gamma ** batch["t"].float() / n_rows
+        metrics = self.policy_step(batch)
+        metrics["critic_loss"] = self.fit_value(batch["x"], targets, p.critic_iters, p.critic_batch_size)
+        metrics.update(n_goals=float(len(goals)), rows=float(n_rows),
+                       entropy=float(self.policy_net.entropy(batch["x"][:1024]).mean()))
+        self.n_iterations += 1
+        return metrics
+
+    def surrogate(self, batch) -> torch.Tensor:
+        """This rank's part of the weighted importance-sampled objective (sum over ranks = total)."""
+        ratio = (self.policy_net.log_prob(batch["x"], batch["actions"]) - batch["old_log_prob"]).exp()
+        return (batch["coefficients"] * ratio * batch["advantages"]).sum()
+
+    def divergence(self, batch, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """This rank's part of the trust-region constraint, weighted like the objective
+        (estimated from ``rows`` only, rescaled, when given)."""
+        if rows is not None:
+            scale = len(batch["x"]) / max(len(rows), 1)
+            batch = {k: batch[k][rows] for k in ("x", "actions", "old_log_prob", "coefficients")} | {
+                "old": tuple(t[rows] for t in batch["old"])}
+            return scale * self.divergence(batch)
+        new = self.policy_net.params(batch["x"])
+        if self.params.kl == "analytic":
+            per_row = self.policy_net.kl(batch["old"], new)
+        else:
+            log_ratio = batch["old_log_prob"] - self.policy_net.log_prob_of(new, batch["actions"])
+            per_row = 0.5 * log_ratio.pow(2) if self.params.kl == "qkl" else log_ratio
+        return (batch["coefficients"] * per_row).sum()
+
+    def global_gradient(self, value: torch.Tensor, create_graph: bool = False) -> torch.Tensor:
+        grads = torch.autograd.grad(value, self.policy_flat.params, create_graph=create_graph)
+        return torch.cat([g.reshape(-1) for g in grads])
+
+    def policy_step(self, batch) -> dict[str, float]:
+        p = self.params
+        gradient = self.global_gradient(self.surrogate(batch))
+        mpi.allreduce_sum_(gradient.numpy())
+        rows = None
+        if p.hvp_subsample < 1:
+            n = len(batch["x"])
+            rows = torch.randperm(n, generator=self.torch_rng)[: max(1, int(round(n * p.hvp_subsample)))]
+        kl_gradient = self.global_gradient(self.divergence(batch, rows), create_graph=True)
+
+        def hvp(vector: torch.Tensor) -> torch.Tensor:
+            product = torch.autograd.grad(kl_gradient @ vector, self.policy_flat.params, retain_graph=True)
+            product = torch.cat([g.reshape(-1) for g in product])
+            mpi.allreduce_sum_(product.numpy())
+            return product + p.cg_damping * vector
+
+        direction = conjugate_gradient(hvp, gradient, p.cg_iters)
+        curvature = float(direction @ hvp(direction))
+        step = np.sqrt(2 * p.max_kl / max(curvature, 1e-12)) * direction
+        expected = float(gradient @ step)
+        start = self.policy_flat.param.clone()
+        with torch.no_grad():
+            before = global_sum(float(self.surrogate(batch)))[0]
+            accepted, improvement, kl = 0, 0.0, 0.0
+            for k in range(p.line_search_steps):
+                self.policy_flat.param.copy_(start + 0.5 ** k * step)
+                after, kl = global_sum(float(self.surrogate(batch)), float(self.divergence(batch)))
+                improvement = after - before
+                if improvement > 0 and kl <= 1.5 * p.max_kl:
+                    accepted = k + 1
+                    break
+            else:
+                self.policy_flat.param.copy_(start)
+                improvement, kl = 0.0, 0.0
+        return {"surrogate_improvement": improvement, "expected_improvement": expected, "kl": kl,
+                "line_search_step": float(accepted)}
+
+
+class HPG(HTRPO):
+    """Hindsight policy gradient: HTRPO's relabelling and importance weights, plain gradient step."""
+
+    name = "hpg"
+
+    def make_policy_optimizer(self) -> None:
+        self.policy_optimizer = SyncedAdam(self.policy_net, self.params.pg_lr)
+        self.policy_flat = self.policy_optimizer.flat
+
+    def optimizers(self) -> dict:
+        return {**super().optimizers(), "policy": self.policy_optimizer}
+
+    def policy_step(self, batch) -> dict[str, float]:
+        surrogate = self.surrogate(batch)
+        self.policy_optimizer.minimize(-surrogate * mpi.size())  # averaged over ranks: the global sum
+        with torch.no_grad():
+            kl = global_sum(float(self.divergence(batch)))[0]
+        return {"surrogate": float(global_sum(float(surrogate))[0]), "kl": kl}

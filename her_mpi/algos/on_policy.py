@@ -1,0 +1,182 @@
+"""Shared machinery of the on-policy hindsight algorithms (HTRPO, HPG, PPO-HER).
+
+Each iteration the agent receives this rank's freshly collected episodes and rewrites them for
+one or more goals (:func:`relabel`): under a goal g' an episode ends at its first success, and
+rewards are recomputed for g'. The rewritten episodes are flattened to rows (goal copy, episode,
+step) that exist, together with the policy's log-probability of the taken action under g' and
+under the episode's own goal (the per-decision importance weights of hindsight data).
+
+Everything that must agree across ranks goes through :mod:`her_mpi.mpi`: sums for normalising
+weights and advantages, and gradients.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from her_mpi import mpi
+from her_mpi.algos.base import Agent
+from her_mpi.algos.policies import CategoricalPolicy, GaussianPolicy
+from her_mpi.config import check
+from her_mpi.envs import EnvSpec
+from her_mpi.nets import ActionScaler, DeployablePolicy, GreedyAction, mlp
+from her_mpi.optim import SyncedAdam
+from her_mpi.rollout import Episodes
+
+
+@dataclass
+class OnPolicyParams:
+    hidden: list[int] = field(default_factory=lambda: [64, 64])
+    activation: str = "tanh"
+    gamma: float = 0.98
+    hindsight: bool = True  # off: the plain algorithm (TRPO / PPO) on the original goals only
+    critic_lr: float = 5e-4
+    log_std_init: float = 0.0  # Gaussian policies: initial log standard deviation
+
+    def validate(self, path: str) -> None:
+        check(len(self.hidden) >= 1 and all(h >= 1 for h in self.hidden), f"{path}.hidden", self.hidden,
+              "a non-empty list of positive layer widths")
+        check(self.activation in ("relu", "tanh", "elu"), f"{path}.activation", self.activation,
+              "one of 'relu', 'tanh', 'elu'")
+        check(0.0 <= self.gamma < 1.0, f"{path}.gamma", self.gamma, "a number in [0, 1)")
+        check(self.critic_lr > 0, f"{path}.critic_lr", self.critic_lr, "a number > 0")
+
+
+@dataclass
+class Relabelled:
+    """Episodes rewritten for goals: [M, T] grids (one row per copy) plus their valid rows."""
+
+    source: np.ndarray  # [M] episode each copy comes from
+    goals: np.ndarray  # [M, T+1, goal_dim]
+    mask: np.ndarray  # [M, T] the step exists under this goal
+    terminal: np.ndarray  # [M, T] the goal is reached at this step (the copy ends here)
+    length: np.ndarray  # [M] steps under this goal
+    rows: tuple[np.ndarray, np.ndarray] = None  # (copy, t) of the valid rows
+
+    def __post_init__(self):
+        self.rows = np.nonzero(self.mask)
+
+
+def relabel(episodes: Episodes, source: np.ndarray, goals: np.ndarray, success_fn) -> Relabelled:
+    """Rewrite episodes ``source`` for goal sequences ``goals`` [M, T+1, goal_dim]: each copy
+    ends at its first success (achieved goal after step t reaching the goal at t+1)."""
+    M, T = len(source), episodes.actions.shape[1]
+    ag_next, goal_next = episodes.ag[source, 1:], goals[:, 1:]
+    success = success_fn(ag_next.reshape(M * T, -1), goal_next.reshape(M * T, -1)).reshape(M, T) > 0
+    steps = np.arange(T)[None, :]
+    success &= steps < episodes.lengths[source][:, None]
+    reached = success.any(axis=1)
+    length = np.where(reached, success.argmax(axis=1) + 1, episodes.lengths[source])
+    mask = steps < length[:, None]
+    terminal = reached[:, None] & (steps == length[:, None] - 1)
+    return Relabelled(source, goals, mask, terminal, length)
+
+
+def gae(data: Relabelled, rewards, values, next_values, gamma: float, lam: float) -> np.ndarray:
+    """Generalised advantage estimates for the valid rows of relabelled copies (lam = 0: TD(0)).
+    A copy's last step bootstraps from V(s') unless it is terminal."""
+    copy, t = data.rows
+    M, T = data.mask.shape
+    terminal = data.terminal[copy, t]
+    delta = np.zeros((M, T))
+    delta[copy, t] = rewards + gamma * (1.0 - terminal) * next_values - values
+    carry = np.zeros((M, T + 1))
+    mask = np.concatenate([data.mask, np.zeros((M, 1), bool)], axis=1)
+    continues = np.zeros((M, T))
+    continues[copy, t] = gamma * lam * (1.0 - terminal)
+    for step in reversed(range(T)):
+        carry[:, step] = (delta[:, step] + continues[:, step] * carry[:, step + 1] * mask[:, step + 1]) * mask[:, step]
+    return carry[copy, t].astype(np.float32)
+
+
+def global_sum(*values) -> np.ndarray:
+    return mpi.allreduce_sum_(np.asarray(values, dtype=np.float64))
+
+
+class OnPolicyAgent(Agent):
+    """Policy (Gaussian or categorical) and value network V(s, g) on the shared input path."""
+
+    def __init__(self, spec: EnvSpec, config, goal_fns, seed_sequence):
+        super().__init__(spec, config, goal_fns, seed_sequence)
+        p = self.params
+        if spec.discrete:
+            self.policy_net = CategoricalPolicy(self.inputs.out_dim, p.hidden, spec.n_actions, p.activation)
+            self.head = GreedyAction()
+        else:
+            self.policy_net = GaussianPolicy(self.inputs.out_dim, p.hidden, spec.action_dim, p.activation,
+                                             log_std_init=p.log_std_init)
+            self.head = ActionScaler(spec.action_low, spec.action_high)
+        self.value_net = mlp(self.inputs.out_dim, p.hidden, 1, p.activation)
+        self.value_optimizer = SyncedAdam(self.value_net, p.critic_lr)
+        self.nets.update({"policy": self.policy_net, "value": self.value_net})
+        self.n_iterations = 0
+
+    def optimizers(self) -> dict:
+        return {"value": self.value_optimizer}
+
+    def policy(self) -> DeployablePolicy:
+        return DeployablePolicy(self.inputs, self.policy_net, self.head)
+
+    def act(self, obs: np.ndarray, g: np.ndarray, explore: bool) -> np.ndarray:
+        with torch.inference_mode():
+            x = self.inputs(torch.from_numpy(obs), torch.from_numpy(g))
+            if explore:
+                return self.policy_net.sample(x, self.torch_rng).numpy()
+            if self.spec.discrete:
+                return self.policy_net(x).argmax(-1, keepdim=True).numpy()
+            return self.policy_net(x).numpy()
+
+    # -- helpers shared by the algorithms ------------------------------------------------------
+
+    def update_normalizers(self, episodes: Episodes, extra_goals: np.ndarray | None = None) -> None:
+        """Statistics of the observations and of every goal the policy will be conditioned on."""
+        valid = np.arange(episodes.obs.shape[1])[None, :] <= episodes.lengths[:, None]
+        goals = [episodes.g[valid], episodes.ag[valid]]
+        if extra_goals is not None and len(extra_goals):
+            goals.append(extra_goals)
+        self.inputs.obs_normalizer.observe(episodes.obs[valid])
+        self.inputs.goal_normalizer.observe(np.concatenate(goals))
+        self.inputs.sync()
+
+    def row_tensors(self, episodes: Episodes, data: Relabelled) -> dict[str, torch.Tensor]:
+        """Network inputs of the valid rows: under the copy's goal, next state, own goal."""
+        copy, t = data.rows
+        ep = data.source[copy]
+        obs = torch.from_numpy(episodes.obs[ep, t])
+        obs_next = torch.from_numpy(episodes.obs[ep, t + 1])
+        with torch.no_grad():
+            x = self.inputs(obs, torch.from_numpy(data.goals[copy, t]))
+            x_next = self.inputs(obs_next, torch.from_numpy(data.goals[copy, t + 1]))
+            x_own = self.inputs(obs, torch.from_numpy(episodes.g[ep, t]))
+        return {"x": x, "x_next": x_next, "x_own": x_own,
+                "actions": torch.from_numpy(episodes.actions[ep, t]),
+                "terminal": torch.from_numpy(data.terminal[copy, t].astype(np.float32)),
+                "t": torch.from_numpy(t)}
+
+    def fit_value(self, x: torch.Tensor, targets: torch.Tensor, iterations: int, batch_size: int = 0) -> float:
+        """Regress V(x) on fixed targets; full batch (batch_size 0) or minibatches per iteration."""
+        loss = torch.zeros(())
+        n = len(x)
+        for _ in range(iterations):
+            if batch_size and n > batch_size:
+                index = torch.randint(0, n, (batch_size,), generator=self.torch_rng)
+                loss = (self.value_net(x[index]).squeeze(-1) - targets[index]).pow(2).mean()
+            else:
+                loss = (self.value_net(x).squeeze(-1) - targets).pow(2).mean()
+            self.value_optimizer.minimize(loss)
+        return float(loss.detach())
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "n_iterations": self.n_iterations}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.n_iterations = state["n_iterations"]
+
+    @abstractmethod
+    def learn(self, episodes: Episodes) -> dict[str, float]:
+        """One policy iteration on this rank's new episodes (collective)."""
