@@ -3,7 +3,8 @@
 from her_mpi.algos.ddpg import DDPG
 from her_mpi.algos.dqn import DQN
 from her_mpi.algos.htrpo import HPG, HTRPO
+from her_mpi.algos.ppo import PPO
 from her_mpi.algos.sac import SAC
 from her_mpi.algos.td3 import TD3
 
-ALGORITHMS = {cls.name: cls for cls in (DDPG, TD3, SAC, DQN, HTRPO, HPG)}
+ALGORITHMS = {cls.name: cls for cls in (DDPG, TD3, SAC, DQN, HTRPO, HPG, PPO)}

@@ -1,7 +1,10 @@
 """Predator-prey (the PPO-HER paper's environment): steer a predator onto a moving prey.
 
 The predator's position is the achieved goal, the prey's position the desired goal, and the
-observation is the prey's velocity. Each step the predator moves by the action (in [-1, 1]^d,
+observation is the predator's position followed by the prey's velocity. (The paper's
+observation is the prey velocity alone, but its SB3 policy also reads the achieved goal; here
+the policy reads observation and desired goal, the usual goal-env convention, so the predator's
+position is part of the observation.) Each step the predator moves by the action (in [-1, 1]^d,
 clipped to the arena), then the prey moves by its velocity. Reaching the prey (distance <=
 ``interception_distance``) gives +1 and ends the episode; running out of time (``horizon``
 steps) gives ``timeout_reward`` (-1); every other step gives 0.
@@ -42,15 +45,16 @@ class PredatorPreyEnv(gym.Env):
         self.interception_distance, self.prey_mode = float(interception_distance), prey_mode
         self.prey_speed, self.horizon = float(prey_speed), int(horizon)
         box = gym.spaces.Box(-self.arena_size, self.arena_size, (self.dims,), np.float32)
-        velocity = gym.spaces.Box(-np.inf, np.inf, (self.dims,), np.float32)
-        self.observation_space = gym.spaces.Dict(observation=velocity, achieved_goal=box, desired_goal=box)
+        observation = gym.spaces.Box(-np.inf, np.inf, (2 * self.dims,), np.float32)
+        self.observation_space = gym.spaces.Dict(observation=observation, achieved_goal=box, desired_goal=box)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (self.dims,), np.float32)
         self.dt = 0.0
         self.predator = self.prey = self.velocity = None
         self.steps = 0
 
     def _obs(self) -> dict:
-        return {"observation": self.velocity.astype(np.float32), "achieved_goal": self.predator.astype(np.float32),
+        observation = np.concatenate([self.predator, self.velocity]).astype(np.float32)
+        return {"observation": observation, "achieved_goal": self.predator.astype(np.float32),
                 "desired_goal": self.prey.astype(np.float32)}
 
     def _direction(self, vector: np.ndarray) -> np.ndarray:

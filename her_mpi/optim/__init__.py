@@ -19,9 +19,10 @@ from her_mpi.nets import FlatParameters
 class SyncedAdam:
     """Adam on one network's flat parameters with the gradient averaged over MPI ranks."""
 
-    def __init__(self, module: nn.Module, lr: float):
+    def __init__(self, module: nn.Module, lr: float, max_grad_norm: float = 0.0):
         self.flat = FlatParameters(module)
         self.optimizer = torch.optim.Adam([self.flat.param], lr=lr, fused=True)  # one kernel
+        self.max_grad_norm = max_grad_norm  # clip the averaged gradient's norm (0: never)
         self._pending = None
 
     def backward(self, loss: torch.Tensor, output: torch.Tensor | None = None) -> None:
@@ -35,6 +36,10 @@ class SyncedAdam:
     def step(self) -> None:
         mpi.finish_allreduce_mean_(self._pending, self.flat.grad.numpy())
         self._pending = None
+        if self.max_grad_norm:
+            norm = float(self.flat.grad.norm())
+            if norm > self.max_grad_norm:
+                self.flat.grad.mul_(self.max_grad_norm / norm)
         self.optimizer.step()
 
     def minimize(self, loss: torch.Tensor, output: torch.Tensor | None = None) -> None:

@@ -1,0 +1,149 @@
+"""PPO-HER (the fourth seed): PPO whose fresh rollouts are also replayed for hindsight goals.
+
+After each batch of episodes, every episode is copied with a goal it achieved (``final``: its
+last achieved goal; ``future``: the achieved goal after a uniformly random step; ``episode``:
+the same but the start state's counts too), each copy ending at its first success with rewards
+recomputed by the env's own reward function (plus the time-out reward where time ran out).
+Values and log-probabilities are recomputed with the current policy for every copy with the
+actions kept (so the ratio starts at 1; no importance correction, as in the paper), advantages
+are GAE, and the usual clipped PPO update runs on originals and copies together.
+``hindsight: false`` is plain PPO.
+
+Under MPI every rank uses the same number of minibatches per epoch (from the global row
+count), gradients are averaged, and the target-KL early stop is decided on the global mean.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from her_mpi import mpi
+from her_mpi.algos.on_policy import OnPolicyAgent, OnPolicyParams, Relabelled, gae, global_sum, relabel
+from her_mpi.config import check
+from her_mpi.optim import SyncedAdam
+from her_mpi.rollout import Episodes
+
+
+@dataclass
+class PPOParams(OnPolicyParams):
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    lr: float = 3e-4
+    critic_lr: float = 3e-4
+    n_epochs: int = 10
+    minibatch_size: int = 64  # per rank
+    clip_range: float = 0.2
+    target_kl: float = 0.05  # stop the epochs once the mean KL exceeds 1.5x this (0: never)
+    entropy_coef: float = 0.0
+    max_grad_norm: float = 0.5
+    strategy: str = "final"  # final | future | episode
+    replay_k: int = 1  # hindsight copies per episode (final: always 1)
+
+    def validate(self, path: str) -> None:
+        super().validate(path)
+        check(0.0 <= self.gae_lambda <= 1.0, f"{path}.gae_lambda", self.gae_lambda, "a number in [0, 1]")
+        check(self.lr > 0, f"{path}.lr", self.lr, "a number > 0")
+        for name in ("n_epochs", "minibatch_size", "replay_k"):
+            check(getattr(self, name) >= 1, f"{path}.{name}", getattr(self, name), "an integer >= 1")
+        for name in ("clip_range", "target_kl", "entropy_coef", "max_grad_norm"):
+            check(getattr(self, name) >= 0, f"{path}.{name}", getattr(self, name), "a number >= 0")
+        check(self.strategy in ("final", "future", "episode"), f"{path}.strategy", self.strategy,
+              "'final', 'future' or 'episode'")
+
+
+class PPO(OnPolicyAgent):
+    name = "ppo"
+    Params = PPOParams
+
+    def __init__(self, spec, config, goal_fns, seed_sequence):
+        super().__init__(spec, config, goal_fns, seed_sequence)
+        self.policy_optimizer = SyncedAdam(self.policy_net, self.params.lr, self.params.max_grad_norm)
+        self.value_optimizer.max_grad_norm = self.params.max_grad_norm
+
+    def optimizers(self) -> dict:
+        return {**super().optimizers(), "policy": self.policy_optimizer}
+
+    def hindsight_goals(self, episodes: Episodes) -> tuple[np.ndarray, np.ndarray]:
+        """(source episode, goal) of each hindsight copy."""
+        p, n = self.params, len(episodes)
+        lengths = episodes.lengths
+        if p.strategy == "final":
+            source, index = np.arange(n), lengths
+        else:
+            source = np.repeat(np.arange(n), p.replay_k)
+            first = 1 if p.strategy == "future" else 0
+            index = first + (self.rng.random(len(source)) * (lengths[source] + 1 - first)).astype(np.int64)
+        return source, episodes.ag[source, index]
+
+    def rewards(self, episodes: Episodes, data: Relabelled) -> np.ndarray:
+        copy, t = data.rows
+        rewards = self.goal_fns.reward(episodes.ag[data.source[copy], t + 1], data.goals[copy, t + 1])
+        timed_out = (data.length == episodes.actions.shape[1]) & ~data.terminal.any(axis=1)
+        last = t == data.length[copy] - 1
+        return (rewards + np.where(timed_out[copy] & last, self.goal_fns.timeout_reward, 0.0)).astype(np.float32)
+
+    def learn(self, episodes: Episodes) -> dict[str, float]:
+        p, n, T = self.params, len(episodes), episodes.actions.shape[1]
+        source, goals = np.arange(n), episodes.g
+        if p.hindsight:
+            extra_source, extra_goals = self.hindsight_goals(episodes)
+            source = np.concatenate([source, extra_source])
+            goals = np.concatenate([goals, np.repeat(extra_goals[:, None, :], T + 1, axis=1)])
+        self.update_normalizers(episodes)
+        data = relabel(episodes, source, goals, self.goal_fns.success)
+        batch = self.row_tensors(episodes, data)
+        with torch.no_grad():  # log-probs and values of the kept actions under each copy's goal
+            batch["old_log_prob"] = self.policy_net.log_prob(batch["x"], batch["actions"])
+            value = self.value_net(batch["x"]).squeeze(-1)
+            next_value = self.value_net(batch["x_next"]).squeeze(-1)
+        advantages = gae(data, self.rewards(episodes, data), value.numpy(), next_value.numpy(), p.gamma, p.gae_lambda)
+        batch["advantages"] = torch.from_numpy(advantages)
+        batch["returns"] = batch["advantages"] + value
+        metrics = self.optimize(batch)
+        metrics.update(rows=float(global_sum(len(batch["x"]))[0]), relabelled_copies=float(len(source) - n))
+        self.n_iterations += 1
+        return metrics
+
+    def optimize(self, batch) -> dict[str, float]:
+        p = self.params
+        n_rows = len(batch["x"])
+        n_minibatches = max(1, math.ceil(global_sum(n_rows)[0] / (mpi.size() * p.minibatch_size)))
+        losses, kls, clipped, stopped_epoch = [], [], [], p.n_epochs
+        for epoch in range(p.n_epochs):
+            order = torch.randperm(n_rows, generator=self.torch_rng)
+            for rows in torch.tensor_split(order, n_minibatches):
+                mb = {k: batch[k][rows] for k in ("x", "actions", "old_log_prob", "advantages", "returns")}
+                advantages = mb["advantages"]
+                if len(rows) > 1:
+                    advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+                log_prob = self.policy_net.log_prob(mb["x"], mb["actions"])
+                ratio = (log_prob - mb["old_log_prob"]).exp()
+                policy_loss = -torch.min(ratio * advantages,
+                                         ratio.clamp(1 - p.clip_range, 1 + p.clip_range) * advantages).mean()
+                entropy = self.policy_net.entropy(mb["x"]).mean() if len(rows) else torch.zeros(())
+                loss = torch.nan_to_num(policy_loss - p.entropy_coef * entropy)  # empty minibatch: 0
+                self.policy_optimizer.minimize(loss + 0.0 * sum(q.sum() for q in self.policy_net.parameters()))
+                value_loss = torch.nan_to_num((self.value_net(mb["x"]).squeeze(-1) - mb["returns"]).pow(2).mean())
+                self.value_optimizer.minimize(value_loss + 0.0 * sum(q.sum() for q in self.value_net.parameters()))
+                with torch.no_grad():
+                    log_ratio = log_prob.detach() - mb["old_log_prob"]
+                    kl_sum, clip_sum, count = global_sum(float(((log_ratio.exp() - 1) - log_ratio).sum()),
+                                                         float(((ratio - 1).abs() > p.clip_range).float().sum()),
+                                                         len(rows))
+                kls.append(kl_sum / max(count, 1))
+                clipped.append(clip_sum / max(count, 1))
+                losses.append((float(policy_loss.detach().nan_to_num()), float(value_loss.detach())))
+                if p.target_kl and kls[-1] > 1.5 * p.target_kl:
+                    break
+            else:
+                continue
+            stopped_epoch = epoch + 1
+            break
+        policy_losses, value_losses = zip(*losses)
+        return {"policy_loss": float(np.mean(policy_losses)), "value_loss": float(np.mean(value_losses)),
+                "approx_kl": float(np.mean(kls)), "clip_fraction": float(np.mean(clipped)),
+                "epochs": float(stopped_epoch)}
