@@ -49,3 +49,23 @@ def test_dqn_with_hindsight_solves_10_bit_flipping(tmp_path, prioritized, epochs
 
 def test_dqn_without_hindsight_fails_10_bit_flipping_at_the_same_budget(tmp_path):
     assert bitflip_success(tmp_path, "--set", "replay.strategy=none") <= 0.1
+
+
+def run_recipe(tmp_path, recipe, epochs, *overrides, name="run"):
+    run_dir = tmp_path / name
+    result = run_mpi(2, ["-m", "her_mpi.train", "--config", recipe, "--run-dir", run_dir,
+                         "--set", f"train.n_epochs={epochs}", "--set", "log.tensorboard=false", *overrides])
+    assert result.returncode == 0, describe(result)
+    return [float(r["test_success_rate"]) for r in read_progress(run_dir)]
+
+
+def test_htrpo_solves_8_bit_flipping(tmp_path):
+    success = run_recipe(tmp_path, "configs/bitflip_8_htrpo.yaml", 12)
+    assert max(success) >= 0.9, success
+
+
+def test_ppo_her_beats_ppo_on_predator_prey_at_equal_budget(tmp_path):
+    # three epochs each: 15 iterations of ~2,500 env steps over both ranks
+    her = run_recipe(tmp_path, "configs/predator_prey_ppo_her.yaml", 3, name="ppo_her")
+    plain = run_recipe(tmp_path, "configs/predator_prey_ppo.yaml", 3, name="ppo")
+    assert her[-1] >= 0.15 and her[-1] >= plain[-1] + 0.1, (her, plain)

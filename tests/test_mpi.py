@@ -94,3 +94,15 @@ def test_kfac_factors_are_part_of_the_identity_check(tmp_path):
     # 8 Linear layers (actor 4, critic 4), an A and a G factor each
     assert result["n_synced_arrays"] == adam["n_synced_arrays"] + 16
     assert result["identical_after_training"] and result["identical_after_more_updates"]
+
+
+# On-policy: every CG Hessian-vector product, line-search value, WIS sum and minibatch gradient
+# is reduced over ranks, and hindsight goals are chosen from all ranks' achieved goals.
+@pytest.mark.parametrize("algo, recipe", [("htrpo", "configs/bitflip_8_htrpo.yaml"),
+                                          ("hpg", "configs/bitflip_8_htrpo.yaml"),
+                                          ("htrpo", "configs/fetch_reach_htrpo.yaml"),
+                                          ("ppo", "configs/predator_prey_ppo_her.yaml")])
+def test_on_policy_algorithms_stay_identical(tmp_path, algo, recipe):
+    result = contract_result(run_mpi(2, [PROGRAMS / "mpi_contract.py", tmp_path, algo, recipe]))
+    assert result["identical_after_training"] and result["identical_after_more_updates"]
+    assert result["env_steps"] > 0

@@ -84,7 +84,12 @@ def main(run_dir: str, algo: str = "ddpg", recipe: str | None = None) -> None:
             p.add_(float(mpi.rank()))
     row = trainer.run()
     digests = mpi.allgather_object(mpi.digest(trainer.agent.synced_arrays()))
-    allreduces = count_allreduces_per_update(trainer.agent)
+    if hasattr(trainer.agent, "buffer"):
+        allreduces = count_allreduces_per_update(trainer.agent)
+    else:  # on-policy: one more iteration on fresh episodes
+        allreduces = []
+        trainer.agent.learn(trainer.worker.generate(lambda o, g: trainer.agent.act(o, g, True),
+                                                    config.train.rollouts_per_rank))
     digests_after = mpi.allgather_object(mpi.digest(trainer.agent.synced_arrays()))
     gradient_error = gradient_is_the_mean_over_ranks()
     normalizer_error = normalizer_matches_union()
