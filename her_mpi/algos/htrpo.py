@@ -202,8 +202,9 @@ class HTRPO(OnPolicyAgent):
             batch["coefficients"] = batch["weights"] * p.gamma ** batch["t"].float() / n_rows
         metrics = self.policy_step(batch)
         metrics["critic_loss"] = self.fit_value(batch["x"], targets, p.critic_iters, p.critic_batch_size)
-        metrics.update(n_goals=float(len(goals)), rows=float(n_rows),
-                       entropy=float(self.policy_net.entropy(batch["x"][:1024]).mean()))
+        with torch.no_grad():
+            entropy = float(self.policy_net.entropy(batch["x"][:1024]).mean())
+        metrics.update(n_goals=float(len(goals)), rows=float(n_rows), entropy=entropy)
         self.n_iterations += 1
         return metrics
 
