@@ -47,3 +47,31 @@ def save(name: str, result: dict) -> Path:
     print(json.dumps(result, indent=2))
     print(f"saved {path}")
     return path
+
+
+def run_variants(name: str, variants: dict[str, tuple[str, list[str]]], epochs: int, ranks: int = 2,
+                 title: str | None = None) -> dict:
+    """Train each variant {label: (recipe, overrides)} for ``epochs``; save JSON + a success plot."""
+    runs_root = ROOT / "runs" / "bench" / name
+    curves = {}
+    for label, (recipe, overrides) in variants.items():
+        run_dir = runs_root / label
+        if run_dir.exists():
+            subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+        rows = train(run_dir, recipe, ranks, [f"train.n_epochs={epochs}", "log.tensorboard=false", *overrides])
+        times = [rows[0]["time_s"]] + [b["time_s"] - a["time_s"] for a, b in zip(rows, rows[1:])]
+        success = [r["test_success_rate"] for r in rows]
+        curves[label] = {
+            "recipe": recipe, "overrides": overrides,
+            "env_steps": [int(r["env_steps"]) for r in rows], "test_success_rate": success,
+            "epoch_s": [round(t, 2) for t in times], "mean_epoch_s": round(sum(times) / len(times), 2),
+            "final_success": success[-1], "best_success": max(success),
+            "steps_to_0.9": next((int(r["env_steps"]) for r in rows if r["test_success_rate"] >= 0.9), None),
+        }
+    png = RESULTS / f"{name}.png"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "her_mpi.plot", *[str(runs_root / label) for label in variants],
+                    "--output", str(png), "--title", title or f"{name} (np={ranks})"], check=True, cwd=ROOT)
+    result = {"ranks": ranks, "epochs": epochs, "curves": curves, "plot": str(png.relative_to(ROOT))}
+    save(name, result)
+    return result
