@@ -9,6 +9,8 @@ the average and applies it.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
 from torch import nn
 
@@ -16,19 +18,18 @@ from her_mpi import mpi
 from her_mpi.nets import FlatParameters
 
 
-class SyncedAdam:
-    """Adam on one network's flat parameters with the gradient averaged over MPI ranks."""
+class SyncedOptimizer(ABC):
+    """One network's flat gradient, averaged over ranks between ``backward`` and ``step``."""
 
-    def __init__(self, module: nn.Module, lr: float, max_grad_norm: float = 0.0):
+    def __init__(self, module: nn.Module):
         self.flat = FlatParameters(module)
-        self.optimizer = torch.optim.Adam([self.flat.param], lr=lr, fused=True)  # one kernel
-        self.max_grad_norm = max_grad_norm  # clip the averaged gradient's norm (0: never)
         self._pending = None
 
     def backward(self, loss: torch.Tensor, output: torch.Tensor | None = None) -> None:
         """This network's gradient of ``loss`` (only it, even when the loss flows through other
         networks, like the actor's through the critic), then start averaging it over ranks.
         ``output`` is the network's prediction; curvature-aware optimizers (K-FAC) use it."""
+        self.prepare(output)
         self.flat.zero_grad()
         loss.backward(inputs=self.flat.params)
         self._pending = mpi.start_allreduce_mean_(self.flat.grad.numpy())
@@ -36,15 +37,34 @@ class SyncedAdam:
     def step(self) -> None:
         mpi.finish_allreduce_mean_(self._pending, self.flat.grad.numpy())
         self._pending = None
+        self.apply()
+
+    def minimize(self, loss: torch.Tensor, output: torch.Tensor | None = None) -> None:
+        self.backward(loss, output)
+        self.step()
+
+    def prepare(self, output: torch.Tensor | None) -> None:
+        """Before the gradient: nothing for first-order optimizers."""
+
+    @abstractmethod
+    def apply(self) -> None:
+        """Update the parameters from the averaged gradient in ``self.flat.grad``."""
+
+
+class SyncedAdam(SyncedOptimizer):
+    """Adam on one network's flat parameters with the gradient averaged over MPI ranks."""
+
+    def __init__(self, module: nn.Module, lr: float, max_grad_norm: float = 0.0):
+        super().__init__(module)
+        self.optimizer = torch.optim.Adam([self.flat.param], lr=lr, fused=True)  # one kernel
+        self.max_grad_norm = max_grad_norm  # clip the averaged gradient's norm (0: never)
+
+    def apply(self) -> None:
         if self.max_grad_norm:
             norm = float(self.flat.grad.norm())
             if norm > self.max_grad_norm:
                 self.flat.grad.mul_(self.max_grad_norm / norm)
         self.optimizer.step()
-
-    def minimize(self, loss: torch.Tensor, output: torch.Tensor | None = None) -> None:
-        self.backward(loss, output)
-        self.step()
 
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()

@@ -32,7 +32,7 @@ from torch import nn
 
 from her_mpi import mpi
 from her_mpi.config import check
-from her_mpi.nets import FlatParameters
+from her_mpi.optim import SyncedOptimizer
 
 
 @dataclass
@@ -120,10 +120,11 @@ def precondition(gradient: torch.Tensor, parts: list[torch.Tensor], damping: flo
     return G_inv @ gradient @ A_inv
 
 
-class KFAC:
+class KFAC(SyncedOptimizer):
     """Drop-in for :class:`~her_mpi.optim.SyncedAdam`: ``backward(loss, output)`` then ``step()``."""
 
     def __init__(self, module: nn.Module, params: KFACParams):
+        super().__init__(module)
         self.params = params
         for child in module.modules():  # in-place ReLU would overwrite the captured layer outputs
             if isinstance(child, nn.ReLU):
@@ -131,7 +132,6 @@ class KFAC:
         self.layers = [KFACLayer(m) for m in module.modules() if isinstance(m, nn.Linear)]
         if not self.layers:
             raise ValueError("K-FAC needs a network with nn.Linear layers")
-        self.flat = FlatParameters(module)
         covered = sum(p.numel() for layer in self.layers for p in (layer.module.weight, layer.module.bias))
         if covered != self.flat.param.numel():
             raise ValueError("K-FAC preconditions nn.Linear layers only; this network has other parameters")
@@ -140,7 +140,6 @@ class KFAC:
         self.optimizer = torch.optim.SGD([self.flat.param], lr=params.lr, momentum=params.momentum)
         self.generator = torch.Generator().manual_seed(7919 + mpi.rank())  # Fisher samples differ per rank
         self.n_steps = 0
-        self._pending = None
         self.last_nu = 1.0
 
     @staticmethod
@@ -150,18 +149,13 @@ class KFAC:
                 layer.input, layer.output = inputs[0].detach(), output
         return hook
 
-    # -- the two phases ------------------------------------------------------------------------
+    # -- the two phases (backward and step come from SyncedOptimizer) ---------------------------
 
-    def backward(self, loss: torch.Tensor, output: torch.Tensor | None = None) -> None:
+    def prepare(self, output: torch.Tensor | None) -> None:
         if output is not None and self.n_steps % self.params.factor_every == 0:
             self._update_factors(output)
-        self.flat.zero_grad()
-        loss.backward(inputs=self.flat.params)
-        self._pending = mpi.start_allreduce_mean_(self.flat.grad.numpy())
 
-    def step(self) -> None:
-        mpi.finish_allreduce_mean_(self._pending, self.flat.grad.numpy())
-        self._pending = None
+    def apply(self) -> None:
         p = self.params
         if self.n_steps % p.inverse_every == 0 or not self.layers[0].preconditioner:
             self._refresh_preconditioners()
@@ -175,10 +169,6 @@ class KFAC:
             layer.set_gradient(v * self.last_nu)
         self.optimizer.step()
         self.n_steps += 1
-
-    def minimize(self, loss: torch.Tensor, output: torch.Tensor | None = None) -> None:
-        self.backward(loss, output)
-        self.step()
 
     # -- curvature -----------------------------------------------------------------------------
 
