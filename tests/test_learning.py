@@ -69,3 +69,8 @@ def test_ppo_her_beats_ppo_on_predator_prey_at_equal_budget(tmp_path):
     her = run_recipe(tmp_path, "configs/predator_prey_ppo_her.yaml", 3, name="ppo_her")
     plain = run_recipe(tmp_path, "configs/predator_prey_ppo.yaml", 3, name="ppo")
     assert her[-1] >= 0.15 and her[-1] >= plain[-1] + 0.1, (her, plain)
+
+
+def test_htrpo_solves_continuous_fetch_reach(tmp_path):
+    success = run_recipe(tmp_path, "configs/fetch_reach_htrpo.yaml", 10)
+    assert max(success) >= 0.9, success
