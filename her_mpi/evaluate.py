@@ -17,8 +17,8 @@ import numpy as np
 from her_mpi.config import ConfigError, EnvConfig
 
 
-def load_policy(args) -> tuple[callable, dict, str]:
-    """(env-units policy function, training config dict, description)."""
+def load_policy(args) -> tuple[callable, dict, str, tuple[int, int]]:
+    """(env-units policy function, training config dict, description, (obs_dim, goal_dim))."""
     if args.policy:
         from her_mpi_runtime import Policy
 
@@ -26,7 +26,8 @@ def load_policy(args) -> tuple[callable, dict, str]:
             policy = Policy(args.policy)
         except (FileNotFoundError, ValueError) as exc:
             raise ConfigError(str(exc)) from None
-        return policy.act, policy.metadata.training_config, f"onnx:{args.policy}"
+        meta = policy.metadata
+        return policy.act, meta.training_config, f"onnx:{args.policy}", (meta.obs_dim, meta.goal_dim)
     import torch
 
     from her_mpi.checkpoint import load_checkpoint
@@ -40,7 +41,8 @@ def load_policy(args) -> tuple[callable, dict, str]:
         with torch.inference_mode():
             return module(torch.from_numpy(obs), torch.from_numpy(goal)).numpy()
 
-    return act, state["config"], f"checkpoint:{state['path']}"
+    spec = state["spec"]
+    return act, state["config"], f"checkpoint:{state['path']}", (spec["obs_dim"], spec["goal_dim"])
 
 
 def main(argv=None) -> int:
@@ -57,13 +59,16 @@ def main(argv=None) -> int:
     try:
         if args.episodes < 1:
             raise ConfigError(f"--episodes must be >= 1, got {args.episodes}")
-        act, training_config, description = load_policy(args)
+        act, training_config, description, dims = load_policy(args)
         env_section = dict(training_config.get("env", {}))
         env_cfg = EnvConfig(id=args.env or env_section.get("id", ""), kwargs=env_section.get("kwargs", {}),
                             max_episode_steps=env_section.get("max_episode_steps"))
         from her_mpi.rollout import RolloutWorker
 
         worker = RolloutWorker(env_cfg, min(args.parallel_envs, args.episodes), np.random.SeedSequence(args.seed))
+        if (worker.spec.obs_dim, worker.spec.goal_dim) != dims:
+            raise ConfigError(f"--env {env_cfg.id} has observations of size {worker.spec.obs_dim} and goals of "
+                              f"size {worker.spec.goal_dim}, but the policy expects {dims[0]} and {dims[1]}")
     except ConfigError as exc:
         print(f"her_mpi.evaluate: error: {exc}", file=sys.stderr)
         return 2

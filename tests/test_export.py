@@ -138,6 +138,13 @@ def test_evaluation_of_export_equals_checkpoint(exported):
     assert from_onnx["mean_return"] == pytest.approx(from_checkpoint["mean_return"])
 
 
+def test_evaluating_on_an_env_of_other_sizes_fails_clearly(exported):
+    result = run_python(["-m", "her_mpi.evaluate", "--policy", exported["onnx"], "--env", "FetchPush-v4",
+                         "--episodes", "2"])
+    assert result.returncode == 2 and "observations of size 25" in result.stderr and "expects 10" in result.stderr, \
+        describe(result)
+
+
 def test_export_of_a_missing_checkpoint_fails_clearly(tmp_path):
     result = run_python(["-m", "her_mpi.export", "--checkpoint", tmp_path / "nope.pt", "--output", tmp_path / "p.onnx"])
     assert result.returncode == 2 and "no checkpoint" in result.stderr, describe(result)
