@@ -41,6 +41,7 @@ def main() -> None:
             "ms_per_update": round(1000 * row["time_learn_s"] / updates, 2),
             "env_steps_per_s_per_rank": round(steps_per_rank / row["time_rollout_s"], 1),
             "env_steps_per_s_total": round(row["steps_per_s"], 1),
+            "max_rss_mb_per_rank": round(row["max_rss_mb"], 1),
         })
     best = min(epochs, key=lambda e: e["epoch_s"])
     name = args.name or "epoch_time_" + Path(args.config).stem

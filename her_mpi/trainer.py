@@ -13,6 +13,7 @@ whether construction succeeded everywhere, so a mistake exits every rank cleanly
 from __future__ import annotations
 
 import dataclasses
+import resource
 import time
 from pathlib import Path
 
@@ -121,7 +122,8 @@ class Trainer:
         return row
 
     def _epoch_row(self, epoch, metrics, train_success, test, start, steps_before, timing) -> dict:
-        local = {"train_success_rate": float(np.mean(train_success)), **timing}
+        local = {"train_success_rate": float(np.mean(train_success)), **timing,
+                 "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # per rank
         if test is not None:
             local["test_success_rate"] = float(test.success.mean())
             local["test_return"] = float(test.rewards.sum(axis=1).mean())
