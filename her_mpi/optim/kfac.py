@@ -43,8 +43,8 @@ class KFACParams:
     momentum: float = 0.8  # the seed's best runs used 0.8
     kl_clip: float = 1e-3
     stat_decay: float = 0.95  # running average of the factors
-    factor_every: int = 5  # updates between factor refreshes (each costs a sampled backward pass)
-    inverse_every: int = 50  # updates between eigen-decompositions / inverses
+    factor_every: int = 10  # updates between factor refreshes (each costs a sampled backward pass)
+    inverse_every: int = 100  # updates between eigen-decompositions / inverses
 
     def validate(self, path: str) -> None:
         for name in ("lr", "damping", "kl_clip"):
