@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import resource
+import sys
 import time
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from her_mpi.algos import ALGORITHMS
 from her_mpi.algos.base import Agent
 from her_mpi.checkpoint import (check_compatible, load_replay, replay_path, save_checkpoint,
                                 save_replay)
-from her_mpi.config import Config, config_from_dict
+from her_mpi.config import Config, ConfigError, config_from_dict
 from her_mpi.envs import EnvSpec, goal_functions
 from her_mpi.logger import RunLogger, progress_line
 from her_mpi.rollout import Episodes, RolloutWorker
@@ -72,6 +73,8 @@ class Trainer:
         self.spec = self.worker.spec
         self.agent = build_agent(config, self.spec, self.worker.envs[0], seeds["agent"])
         self.start_epoch, self.env_steps_per_rank, self.time_offset = 0, 0, 0.0
+        # Totals at the resumed checkpoint: a resumed job may have another number of ranks.
+        self.resumed_env_steps, self.resumed_env_steps_per_rank = 0, 0
         self.best_success = -1.0
         if resume is not None:
             check_compatible(resume, config.env.id, self.algo)
@@ -131,8 +134,10 @@ class Trainer:
             local[key] = float(np.mean([m[key] for m in metrics]))
         row = mpi.mean_over_ranks(local)
         row.setdefault("test_success_rate", float("nan"))
-        steps = np.array([self.env_steps_per_rank, self.env_steps_per_rank - steps_before], np.float64)
-        total_steps, epoch_steps = mpi.allreduce_sum_(steps)
+        steps = np.array([self.env_steps_per_rank - self.resumed_env_steps_per_rank,
+                          self.env_steps_per_rank - steps_before], np.float64)
+        new_steps, epoch_steps = mpi.allreduce_sum_(steps)
+        total_steps = self.resumed_env_steps + new_steps
         elapsed = time.perf_counter() - start
         row.update(epoch=epoch, env_steps=int(total_steps), env_steps_per_rank=self.env_steps_per_rank,
                    n_ranks=self.size, time_s=self.time_offset + time.perf_counter() - self.started,
@@ -146,7 +151,7 @@ class Trainer:
         rng_states = mpi.gather_object(self._rng_state())
         checkpoint_dir = self.run_dir / "checkpoints"
         if self.config.checkpoint.save_buffer and hasattr(self.agent, "buffer_state"):
-            save_replay(replay_path(checkpoint_dir, self.rank), self.agent.buffer_state())
+            save_replay(replay_path(checkpoint_dir, self.rank), {**self.agent.buffer_state(), "epoch": epoch})
         if not mpi.is_root():
             return
         success = row["test_success_rate"]
@@ -173,9 +178,14 @@ class Trainer:
                 "test_envs": [env.unwrapped.np_random.bit_generator.state for env in self.test_worker.envs]}
 
     def _restore(self, state: dict) -> None:
-        self.agent.load_state_dict(state["agent"])
+        try:
+            self.agent.load_state_dict(state["agent"])
+        except (RuntimeError, KeyError, ValueError) as exc:  # e.g. --set algo.hidden=... on resume
+            raise ConfigError(f"checkpoint {state['path']} does not fit the networks this config "
+                              f"builds (changed sizes or env dims?): {exc}") from None
         self.start_epoch = state["epoch"] + 1
-        self.env_steps_per_rank = state["env_steps_per_rank"]
+        self.env_steps_per_rank = self.resumed_env_steps_per_rank = state["env_steps_per_rank"]
+        self.resumed_env_steps = int(state["env_steps"])
         self.time_offset = state["time_s"]
         self.best_success = state["best_success"]
         if state["n_ranks"] == self.size:  # same layout: every rank continues its own streams
@@ -186,5 +196,15 @@ class Trainer:
             for env, env_state in zip(self.test_worker.envs, rng["test_envs"]):
                 env.unwrapped.np_random.bit_generator.state = env_state
             path = replay_path(Path(state["path"]).parent, self.rank)
-            if path.is_file() and hasattr(self.agent, "load_buffer_state"):
-                self.agent.load_buffer_state(load_replay(path))
+            if self.config.checkpoint.save_buffer and path.is_file() and hasattr(self.agent, "load_buffer_state"):
+                replay = load_replay(path)
+                # A replay file from another epoch (a kill between the ranks' writes, or an older
+                # run) would pair the networks with the wrong data: start with an empty buffer.
+                if replay.pop("epoch", None) == state["epoch"]:
+                    try:
+                        self.agent.load_buffer_state(replay)
+                    except ValueError as exc:  # e.g. --set replay.size=... on resume
+                        raise ConfigError(f"{path}: {exc}") from None
+                else:
+                    print(f"her_mpi: rank {self.rank}: {path} is not from epoch {state['epoch']}; "
+                          "starting with an empty replay buffer", file=sys.stderr, flush=True)

@@ -109,6 +109,21 @@ def test_user_mistakes_are_explained():
         buffer.update_priorities([0], [1.0])
 
 
+def test_a_rejected_add_leaves_the_episode_unchanged():
+    buffer = HindsightReplayBuffer(100, ENV_DICT, 2, reward, strategy="final")
+    state = np.zeros(N_BITS)
+    with pytest.raises(ValueError, match="next_obs has shape"):
+        buffer.add(obs=state, act=0, next_obs=np.zeros(N_BITS + 1))
+    buffer.add(obs=state, act=0, next_obs=state + 1)
+    with pytest.raises(ValueError, match="longer than max_episode_len=2"):
+        buffer.add(obs=np.zeros((2, N_BITS)), act=[1, 1], next_obs=np.zeros((2, N_BITS)))
+    buffer.add(obs=state + 1, act=1, next_obs=state + 2)
+    buffer.on_episode_end(np.full(N_BITS, 5.0))
+    assert buffer.get_stored_size() == 2
+    batch = buffer.sample(16)
+    np.testing.assert_array_equal(batch["next_obs"] - batch["obs"], np.ones((16, N_BITS)))
+
+
 def test_seed_example_bit_flipping_with_double_dqn_buffer_loop():
     """The seed's usage pattern: add per step, on_episode_end(goal), sample for learning."""
     env = BitFlippingEnv(N_BITS)

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import torch
 
 from her_mpi.replay.buffer import EpisodeStore, ReplayBuffer
 from her_mpi.rollout import Episodes
@@ -117,3 +118,23 @@ def test_memory_holds_raw_episodes_only():
     buffer = ReplayBuffer(1000 * T, T, 2, 3, 2, False, sparse_reward)
     buffer.store(tagged_episodes())
     assert buffer.n_transitions == N_EPISODES * T  # not (1 + k) copies
+
+
+@pytest.mark.parametrize("env_id, kwargs, low, high", [
+    ("BitFlipping-v0", {"n_bits": 4}, -1.0, 0.0),  # -1 until the goal, 0 there
+    ("PredatorPrey-v0", {}, 0.0, 1.0),  # +1 on a catch
+])
+def test_td_targets_are_clipped_to_the_envs_return_range(env_id, kwargs, low, high):
+    from her_mpi.config import load_config
+    from her_mpi.envs import env_spec, make_env
+    from her_mpi.trainer import build_agent
+
+    algo = "dqn" if env_id == "BitFlipping-v0" else "ddpg"
+    config = load_config(None, [f"env.id={env_id}", f"env.kwargs={kwargs}", f"algo={algo}"])
+    env = make_env(config.env)
+    agent = build_agent(config, env_spec(env, env_id), env)
+    assert agent.spec.reward_bounds == (low, high)
+    horizon = 1.0 / (1.0 - agent.gamma)
+    huge = torch.tensor([-1e6, 1e6])
+    clipped = agent.bootstrap(torch.zeros(2), torch.zeros(2), huge)
+    assert clipped.tolist() == pytest.approx([low * horizon, high * horizon])

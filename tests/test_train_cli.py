@@ -70,11 +70,11 @@ def test_resume_continues_at_the_next_epoch(finished_run):
     assert float(rows[2]["time_s"]) > float(rows[1]["time_s"])
 
 
-@pytest.mark.parametrize("algo", ["td3", "sac"])
-def test_other_algorithms_checkpoint_and_resume(tmp_path, algo):
+@pytest.mark.parametrize("algo, extra", [("td3", []), ("sac", []), ("td3", ["--set", "algo.optimizer=kfac"])])
+def test_other_algorithms_checkpoint_and_resume(tmp_path, algo, extra):
     run_dir = tmp_path / "run"
     result = run_mpi(2, ["-m", "her_mpi.train", "--run-dir", run_dir, "--set", f"algo={algo}",
-                         "--set", "train.n_epochs=1", *TINY])
+                         "--set", "train.n_epochs=1", *extra, *TINY])
     assert result.returncode == 0, describe(result)
     state = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=False)
     assert state["algo"] == algo and state["config"]["algo"]["name"] == algo
@@ -86,14 +86,34 @@ def test_other_algorithms_checkpoint_and_resume(tmp_path, algo):
 
 
 def test_replay_buffer_can_be_saved_per_rank(tmp_path):
-    args = ["-m", "her_mpi.train", "--run-dir", tmp_path / "run", "--set", "train.n_epochs=1",
+    run_dir = tmp_path / "run"
+    args = ["-m", "her_mpi.train", "--run-dir", run_dir, "--set", "train.n_epochs=1",
             "--set", "checkpoint.save_buffer=true", *TINY]
     result = run_mpi(2, args)
     assert result.returncode == 0, describe(result)
     for rank in (0, 1):
-        assert (tmp_path / "run" / "checkpoints" / f"replay_rank{rank}.npz").is_file()
-    result = run_mpi(2, ["-m", "her_mpi.train", "--resume", tmp_path / "run", "--set", "train.n_epochs=2"])
+        assert (run_dir / "checkpoints" / f"replay_rank{rank}.npz").is_file()
+    result = run_mpi(2, ["-m", "her_mpi.train", "--resume", run_dir, "--set", "train.n_epochs=2",
+                         "--set", "checkpoint.save_buffer=false"])
+    assert result.returncode == 0 and "empty replay buffer" not in result.stderr, describe(result)
+    # The replay files are now an epoch older than latest.pt: they must not be paired with it.
+    result = run_mpi(2, ["-m", "her_mpi.train", "--resume", run_dir, "--set", "train.n_epochs=3",
+                         "--set", "checkpoint.save_buffer=true"])
     assert result.returncode == 0, describe(result)
+    assert "replay_rank1.npz is not from epoch 1; starting with an empty replay buffer" in result.stderr
+
+
+def test_resume_on_fewer_ranks_keeps_counting_env_steps(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_mpi(2, ["-m", "her_mpi.train", "--run-dir", run_dir, "--set", "train.n_epochs=1", *TINY])
+    assert result.returncode == 0, describe(result)
+    result = run_mpi(1, ["-m", "her_mpi.train", "--resume", run_dir, "--set", "train.n_epochs=2"])
+    assert result.returncode == 0, describe(result)
+    first, second = read_progress(run_dir)
+    assert int(first["n_ranks"]) == 2 and int(second["n_ranks"]) == 1
+    per_rank_epoch = int(first["env_steps_per_rank"])
+    assert int(second["env_steps"]) == int(first["env_steps"]) + per_rank_epoch
+    assert int(second["env_steps_per_rank"]) == 2 * per_rank_epoch
 
 
 # -- bad input: a clear message and a non-zero exit from every rank, before any collective ------
@@ -141,6 +161,16 @@ def test_checkpoint_of_another_env(finished_run):
     run_dir, _ = finished_run
     fails_with(["--resume", run_dir, "--set", "env.id=FetchPush-v4"], "FetchReach-v4", "FetchPush-v4",
                "was trained with")
+
+
+def test_checkpoint_that_does_not_fit_the_networks(finished_run):
+    run_dir, _ = finished_run
+    fails_with(["--resume", run_dir, "--set", "algo.hidden=[64, 64]"], "does not fit the networks")
+
+
+def test_replay_memory_smaller_than_a_cycle(tmp_path):
+    fails_with(["--run-dir", tmp_path, "--set", "replay.size=60", *TINY], "replay.size = 60",
+               "expected replay.size >= 100")
 
 
 def test_refuses_to_overwrite_an_existing_run(finished_run):

@@ -54,7 +54,7 @@ class ActorCriticAgent(OffPolicyAgent):
     def make_optimizer(self, module, lr):
         """Adam, or K-FAC when the algorithm offers ``optimizer: kfac`` (DDPG, TD3)."""
         if getattr(self.params, "optimizer", "adam") == "kfac":
-            return KFAC(module, self.params.kfac)
+            return KFAC(module, self.params.kfac, generator=self.torch_rng)
         return SyncedAdam(module, lr)
 
     def add_actor(self, actor, with_target: bool) -> None:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from her_mpi import mpi
-from her_mpi.config import Config, check
+from her_mpi.config import Config, ConfigError, check
 from her_mpi.envs import EnvSpec, GoalFunctions
 from her_mpi.nets import DeployablePolicy, GoalConditionedInput
 from her_mpi.replay.buffer import EpisodeStore, ReplayBuffer
@@ -106,7 +106,7 @@ class OffPolicyParams:
     gamma: float | None = None  # None: 1 - 1/T (0.98 for the 50-step Fetch tasks)
     polyak: float = 0.95  # target <- polyak * target + (1 - polyak) * online
     target_update_every: int = 0  # 0: once per cycle after its updates (baselines); N: every N updates
-    clip_target: bool = True  # clip TD targets to [-1/(1-gamma), 0], the range of -1/0 rewards
+    clip_target: bool = True  # clip TD targets to the return range, [-1/(1-gamma), 0] for -1/0 rewards
 
     def validate(self, path: str) -> None:
         check(self.gamma is None or 0.0 <= self.gamma < 1.0, f"{path}.gamma", self.gamma,
@@ -128,6 +128,11 @@ class OffPolicyAgent(Agent):
         replay = config.replay
         reward_fn, terminal_fn = (goal_fns.reward, goal_fns.terminal) if goal_fns else (None, None)
         self.gamma = self.params.gamma if self.params.gamma is not None else 1.0 - 1.0 / spec.horizon
+        per_cycle = config.train.rollouts_per_rank * spec.horizon
+        if replay.size < per_cycle:  # a cycle's episodes must fit, or the first store() fails mid-run
+            raise ConfigError(f"replay.size = {replay.size} transitions cannot hold one cycle's "
+                              f"{config.train.rollouts_per_rank} episodes of {spec.horizon} steps; "
+                              f"expected replay.size >= {per_cycle}")
         self.buffer = ReplayBuffer(replay.size, spec.horizon, spec.obs_dim, spec.goal_dim,
                                    spec.action_dim, spec.discrete, reward_fn, terminal_fn,
                                    replay.prioritized, replay.alpha, replay.priority_eps)
@@ -173,8 +178,9 @@ class OffPolicyAgent(Agent):
     def bootstrap(self, rewards, terminals, next_value) -> torch.Tensor:
         """The TD target r + gamma * (1 - terminal) * next_value, clipped like baselines."""
         target = rewards + self.gamma * (1.0 - terminals) * next_value
-        if self.params.clip_target:  # rewards are in [-1, 0], so returns are in [-1/(1-gamma), 0]
-            target = target.clamp(-1.0 / (1.0 - self.gamma), 0.0)
+        if self.params.clip_target:  # rewards in [lo, hi] bound returns to [lo, hi] / (1 - gamma)
+            low, high = self.spec.reward_bounds
+            target = target.clamp(min(low, 0.0) / (1.0 - self.gamma), max(high, 0.0) / (1.0 - self.gamma))
         return target
 
     def update_targets(self) -> None:

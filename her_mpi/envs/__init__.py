@@ -54,6 +54,9 @@ class EnvSpec:
     action_high: tuple
     horizon: int  # steps per episode (T)
     control_period: float  # seconds between actions on the real system (env.dt), 0 if unknown
+    # Per-step rewards at the goal and far from it, e.g. (-1, 0) sparse Fetch, (0, 1) predator-prey:
+    # bounds the returns, which off-policy targets are clipped to.
+    reward_bounds: tuple = (-1.0, 0.0)
 
     def scale_action(self, unit_action: np.ndarray) -> np.ndarray:
         """Map actions in [-1, 1] (what continuous policies output) to the env's bounds."""
@@ -118,7 +121,18 @@ def env_spec(env: gym.Env, env_id: str) -> EnvSpec:
         action_high=() if discrete else tuple(float(v) for v in action.high.ravel()),
         horizon=int(horizon),
         control_period=float(getattr(env.unwrapped, "dt", 0.0) or 0.0),
+        reward_bounds=reward_bounds(env),
     )
+
+
+def reward_bounds(env: gym.Env) -> tuple[float, float]:
+    """(min, max) of the reward for a goal reached and a goal far away (sparse goal envs)."""
+    shape = env.observation_space["desired_goal"].shape
+    goal = np.zeros(shape, dtype=np.float32)
+    far = np.full(shape, 1e3, dtype=np.float32)
+    rewards = np.asarray(env.unwrapped.compute_reward(np.stack([goal, far]), np.stack([goal, goal]), None),
+                         dtype=np.float64)
+    return float(rewards.min()), float(rewards.max())
 
 
 @dataclass(frozen=True)

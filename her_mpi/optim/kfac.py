@@ -123,7 +123,7 @@ def precondition(gradient: torch.Tensor, parts: list[torch.Tensor], damping: flo
 class KFAC(SyncedOptimizer):
     """Drop-in for :class:`~her_mpi.optim.SyncedAdam`: ``backward(loss, output)`` then ``step()``."""
 
-    def __init__(self, module: nn.Module, params: KFACParams):
+    def __init__(self, module: nn.Module, params: KFACParams, generator: torch.Generator | None = None):
         super().__init__(module)
         self.params = params
         for child in module.modules():  # in-place ReLU would overwrite the captured layer outputs
@@ -138,7 +138,8 @@ class KFAC(SyncedOptimizer):
         for layer in self.layers:
             layer.module.register_forward_hook(self._capture(layer))
         self.optimizer = torch.optim.SGD([self.flat.param], lr=params.lr, momentum=params.momentum)
-        self.generator = torch.Generator().manual_seed(7919 + mpi.rank())  # Fisher samples differ per rank
+        # Fisher samples differ per rank; agents pass their own (seeded, checkpointed) generator.
+        self.generator = generator if generator is not None else torch.Generator().manual_seed(7919 + mpi.rank())
         self.n_steps = 0
         self.last_nu = 1.0
 
@@ -216,7 +217,8 @@ class KFAC(SyncedOptimizer):
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "n_steps": self.n_steps,
-                "factors": [(l.A.clone(), l.G.clone(), l.initialized) for l in self.layers]}
+                "factors": [(l.A.clone(), l.G.clone(), l.initialized) for l in self.layers],
+                "preconditioners": [[t.clone() for t in l.preconditioner] for l in self.layers]}
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
@@ -225,8 +227,9 @@ class KFAC(SyncedOptimizer):
             layer.A.copy_(A)
             layer.G.copy_(G)
             layer.initialized = initialized
-        for layer in self.layers:
-            layer.preconditioner = []  # recomputed at the next step from the restored factors
+        # The inverses of the last refresh (older checkpoints: recomputed at the next step).
+        for layer, preconditioner in zip(self.layers, state.get("preconditioners", [[]] * len(self.layers))):
+            layer.preconditioner = [t.clone() for t in preconditioner]
 
     def synced_arrays(self) -> dict[str, np.ndarray]:
         return {f"kfac.{i}.{name}": t.numpy() for i, l in enumerate(self.layers) for name, t in (("A", l.A), ("G", l.G))}

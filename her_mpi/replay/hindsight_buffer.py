@@ -64,7 +64,7 @@ class HindsightReplayBuffer:
         missing = set(self.fields) - set(transition)
         if missing:
             raise ValueError(f"add() is missing {', '.join(sorted(missing))}")
-        rows = None
+        rows, batches = None, {}  # validate everything before appending: a rejected add() changes nothing
         for name, value in transition.items():
             if name not in self.fields:
                 raise ValueError(f"add() got unknown field {name!r}; env_dict has {', '.join(self.fields)}")
@@ -75,10 +75,12 @@ class HindsightReplayBuffer:
             rows = len(batch) if rows is None else rows
             if len(batch) != rows:
                 raise ValueError("all fields of add() must hold the same number of transitions")
-            self.episode[name].extend(batch)
-        if len(self.episode[self.state]) > self.max_episode_len:
+            batches[name] = batch
+        if len(self.episode[self.state]) + rows > self.max_episode_len:
             raise ValueError(f"episode longer than max_episode_len={self.max_episode_len}; "
                              f"call on_episode_end(goal) at the end of each episode")
+        for name, batch in batches.items():
+            self.episode[name].extend(batch)
 
     def on_episode_end(self, goal) -> None:
         """Store the current episode, pursued towards ``goal``, and start a new one."""
