@@ -31,6 +31,9 @@ def test_discrete_policy_exports_the_greedy_action(tmp_path):
     assert action.dtype == np.int64 and action.shape == (64, 1) and np.all((0 <= action) & (action < 10))
     with torch.inference_mode():
         np.testing.assert_array_equal(action, module(torch.from_numpy(bits), torch.from_numpy(goals)).numpy())
+    for i in range(3):  # the bound batch-1 path gives each input its own action
+        single = policy.act(bits[i], goals[i])
+        assert single.dtype == np.int64 and single.shape == (1,) and single[0] == action[i, 0]
     result = run_python(["-m", "her_mpi.evaluate", "--policy", path, "--episodes", "10"])
     assert result.returncode == 0 and '"env_id": "BitFlipping-v0"' in result.stdout, describe(result)
 
@@ -91,7 +94,8 @@ def test_runtime_matches_the_torch_policy(exported, batch):
     with torch.inference_mode():
         expected = module(torch.from_numpy(obs), torch.from_numpy(goal)).numpy()
     np.testing.assert_allclose(policy.act(obs, goal), expected, atol=1e-5)
-    np.testing.assert_allclose(policy.act(obs[0], goal[0]), expected[0], atol=1e-5)  # single input
+    for i in range(batch):  # single inputs (pre-bound buffers): each gives its own row's action
+        np.testing.assert_allclose(policy.act(obs[i], goal[i]), expected[i], atol=1e-5)
     assert np.all(np.abs(policy.act(obs * 100, goal)) <= 1.0)  # scaled to the bounds
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,7 +79,24 @@ class Policy:
         self.path = path
         self.metadata = PolicyMetadata.from_map(self.session.get_modelmeta().custom_metadata_map, str(path))
         self._output = ["action"]
-        self._feeds: dict[str, np.ndarray] = {}
+        self._bind_single_input()
+
+    def _bind_single_input(self) -> None:
+        """Batch-1 calls (every controller tick) run on buffers bound once, zero-copy: a few µs
+        less than ``session.run``, which wraps the inputs and allocates the output every call."""
+        meta = self.metadata
+        self._single_obs = np.zeros((1, meta.obs_dim), np.float32)
+        self._single_goal = np.zeros((1, meta.goal_dim), np.float32)
+        action_width = self.session.get_outputs()[0].shape[1]
+        action_type = np.int64 if meta.discrete else np.float32
+        self._single_action = np.zeros((1, action_width), action_type)
+        binding = self.session.io_binding()
+        binding.bind_cpu_input("observation", self._single_obs)
+        binding.bind_cpu_input("desired_goal", self._single_goal)
+        binding.bind_output("action", "cpu", 0, action_type, list(self._single_action.shape),
+                            self._single_action.ctypes.data)
+        self._binding = binding
+        self._single_lock = threading.Lock()  # the bound buffers are shared: one call at a time
 
     def act(self, observation, desired_goal) -> np.ndarray:
         meta = self.metadata
@@ -88,13 +106,13 @@ class Policy:
         if single != (goal.ndim == 1):
             raise PolicyInputError("observation and desired_goal must both be single vectors or both batches")
         if single:
-            obs, goal = obs[None], goal[None]
-        elif len(obs) != len(goal):
+            with self._single_lock:
+                self._single_obs[0], self._single_goal[0] = obs, goal
+                self.session.run_with_iobinding(self._binding)
+                return self._single_action[0].copy()
+        if len(obs) != len(goal):
             raise PolicyInputError(f"batch sizes differ: {len(obs)} observations, {len(goal)} goals")
-        feeds = self._feeds  # reused: one dict less per call on the latency-critical path
-        feeds["observation"], feeds["desired_goal"] = obs, goal
-        action = self.session.run(self._output, feeds)[0]
-        return action[0] if single else action
+        return self.session.run(self._output, {"observation": obs, "desired_goal": goal})[0]
 
     __call__ = act
 
