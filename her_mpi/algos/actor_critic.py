@@ -106,4 +106,7 @@ class ActorCriticAgent(OffPolicyAgent):
         # The actor's gradient uses the same (not yet updated) critic, as in baselines.
         for optimizer in [self.critic_optimizer] + self.backward_actor(x, metrics):
             optimizer.step()
+        for name, optimizer in self.optimizers().items():
+            if isinstance(optimizer, KFAC):  # the KL clip's scale: ~1 means steps are not clipped
+                metrics[f"kfac_nu_{name}"] = torch.tensor(optimizer.last_nu)
         return metrics, td_error[0].detach().abs()
