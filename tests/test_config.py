@@ -69,7 +69,7 @@ def test_unknown_algorithm_lists_known_ones():
 
 def test_missing_file_suggests_a_recipe(tmp_path):
     message = error_of(path=ROOT / "configs" / "fetch_psh_ddpg.yaml")
-    assert "does not exist" in message and "fetch_push_ddpg.yaml" in message
+    assert "does not exist" in message and "fetch_push_ddpg" in message
 
 
 def test_malformed_override():

@@ -7,7 +7,7 @@ from conftest import describe, read_progress, run_mpi
 pytestmark = [pytest.mark.slow, pytest.mark.mpi]
 
 # FetchReach at np=2 with n_cycles=10 (1,000 env steps per rank per epoch).
-REACH = ["--set", "train.n_cycles=10", "--set", "train.n_test_rollouts=25", "--set", "log.tensorboard=false"]
+REACH = ["--set", "train.n_cycles=10", "--set", "train.n_test_episodes=50", "--set", "log.tensorboard=false"]
 REACH_RECIPES = {name: f"configs/fetch_reach_{name}.yaml" for name in ("ddpg", "td3", "sac", "ddpg_kfac", "td3_kfac")}
 
 

