@@ -14,7 +14,7 @@ from pathlib import Path
 
 from her_mpi import mpi
 from her_mpi.checkpoint import load_checkpoint
-from her_mpi.config import Config, ConfigError, load_config
+from her_mpi.config import RECIPES_DIR, Config, ConfigError, load_config, recipe_names
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -22,14 +22,28 @@ def parse_args(argv=None) -> argparse.Namespace:
         prog="python -m her_mpi.train",
         description="Train a goal-conditioned policy with hindsight experience replay. Run under "
                     "mpirun for several synchronized workers: mpirun -np 8 python -m her_mpi.train")
-    parser.add_argument("--config", help="recipe YAML (default: configs/default.yaml, FetchReach DDPG+HER)")
+    parser.add_argument("--config", help="a packaged recipe's name (e.g. fetch_push_td3) or a YAML path "
+                                         "(default: the default recipe, FetchReach DDPG+HER)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override one config value, e.g. --set train.n_epochs=20 (repeatable)")
     parser.add_argument("--run-dir", help="output directory (default: runs/<env>-<algo>-<time>)")
     parser.add_argument("--resume", metavar="RUN_DIR",
                         help="continue a run from RUN_DIR/checkpoints/latest.pt at its next epoch")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("--list-recipes", action="store_true", help="list the packaged recipes and exit")
     return parser.parse_args(argv)
+
+
+def list_recipes() -> str:
+    """One line per packaged recipe: its name, env and algorithm, and its first comment line."""
+    lines = []
+    for name in recipe_names():
+        config = load_config(name)
+        algo = config.algo_name + ("+kfac" if getattr(config.algo, "optimizer", "adam") == "kfac" else "")
+        comment = next((l.lstrip("# ").strip() for l in (RECIPES_DIR / f"{name}.yaml").read_text().splitlines()
+                        if l.startswith("#")), "")
+        lines.append(f"{name:34s} {config.env.id:22s} {algo:10s} {comment}")
+    return "\n".join(lines)
 
 
 def resolve(args: argparse.Namespace) -> tuple[Config, Path, dict | None]:
@@ -56,6 +70,10 @@ def resolve(args: argparse.Namespace) -> tuple[Config, Path, dict | None]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.list_recipes:  # no MPI work: every rank would print the same list
+        if mpi.is_root():
+            print(list_recipes())
+        return 0
     return mpi.run_guarded(lambda: _main(args))
 
 

@@ -1,0 +1,227 @@
+"""The evidence instrument: independent seeds, the resumable sweep runner, and aggregation over
+seeds (IQM with a stratified bootstrap interval, steps to a threshold)."""
+
+import csv
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import yaml
+from scipy import stats
+
+from conftest import ROOT, describe, mpi_env
+from her_mpi import plot
+from her_mpi.config import ConfigError, load_config
+from her_mpi.sweep import parse_seeds
+from her_mpi.trainer import rank_seeds
+
+
+def stream_fingerprints(seed: int, n_ranks: int) -> list[tuple]:
+    return [tuple(sequence.generate_state(4)) for rank in range(n_ranks)
+            for sequence in rank_seeds(seed, rank).values()]
+
+
+def test_two_seeds_at_two_ranks_share_no_stream():
+    streams = stream_fingerprints(0, 2) + stream_fingerprints(1, 2)
+    assert len(streams) == 12 and len(set(streams)) == 12
+    # the scheme this replaces, SeedSequence(seed + rank), gave seed 1's rank 0 seed 0's rank 1
+    assert np.random.SeedSequence(1 + 0).generate_state(4).tolist() == \
+        np.random.SeedSequence(0 + 1).generate_state(4).tolist()
+
+
+@pytest.mark.parametrize("n_ranks", [1, 2, 3, 8])
+def test_no_two_seed_rank_pairs_share_a_stream_for_any_rank_count(n_ranks):
+    streams = [s for seed in range(6) for s in stream_fingerprints(seed, n_ranks)]
+    assert len(set(streams)) == len(streams)
+
+
+def test_a_rank_keeps_its_streams_whatever_the_rank_count():
+    assert stream_fingerprints(3, 2) == stream_fingerprints(3, 8)[:6]
+
+
+def test_seed_ranges():
+    assert parse_seeds("0-4") == [0, 1, 2, 3, 4]
+    assert parse_seeds("0,3, 7") == [0, 3, 7]
+    assert parse_seeds("0-2,5,1") == [0, 1, 2, 5]
+    for bad in ("4-1", "a", "-1", "", "1-", "0-2,x"):
+        with pytest.raises(ConfigError, match="--seeds"):
+            parse_seeds(bad)
+
+
+def test_test_episodes_are_a_total_over_ranks():
+    train = load_config(None).train
+    assert train.n_test_episodes == 50
+    assert [train.test_episodes_per_rank(n) for n in (1, 2, 3, 8)] == [50, 25, 17, 7]
+    with pytest.warns(FutureWarning, match="n_test_episodes"):
+        legacy = load_config(None, ["train.n_test_rollouts=4"]).train
+    assert legacy.test_episodes_per_rank(2) == 4
+
+
+# -- the sweep runner, with real mpirun --------------------------------------------------------
+
+TINY_SWEEP = ["--config", "fetch_reach_td3", "--np", "2", "--set", "train.n_cycles=2",
+              "--set", "train.n_batches=3", "--set", "train.batch_size=32",
+              "--set", "train.n_test_episodes=4", "--set", "log.tensorboard=false"]
+
+
+def sweep(out, *args, timeout=600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "her_mpi.sweep", "--out", str(out), *args],
+                          capture_output=True, text=True, timeout=timeout, env=mpi_env(), cwd=ROOT)
+
+
+def progress_rows(run_dir) -> list[dict]:
+    with open(run_dir / "progress.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.mpi
+def test_sweep_skips_finished_runs_and_resumes_interrupted_ones(tmp_path):
+    out = tmp_path / "sweep"
+    first = sweep(out, *TINY_SWEEP, "--seeds", "0-1", "--set", "train.n_epochs=1")
+    assert first.returncode == 0, describe(first)
+    assert first.stdout.count("test success") == 2 and "[2/2]" in first.stdout and "ETA" in first.stdout
+    for seed in (0, 1):
+        run_dir = out / "fetch_reach_td3" / f"seed{seed}"
+        assert json.loads((run_dir / "finished.json").read_text())["seed"] == seed
+        assert yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["seed"] == seed
+
+    again = sweep(out, *TINY_SWEEP, "--seeds", "0-1", "--set", "train.n_epochs=1")
+    assert again.returncode == 0 and "2 already finished" in again.stdout and "starting" not in again.stdout
+
+    # a longer budget: both runs are now unfinished and continue from their checkpoints
+    before = progress_rows(out / "fetch_reach_td3" / "seed0")
+    longer = sweep(out, *TINY_SWEEP, "--seeds", "0-1", "--set", "train.n_epochs=2")
+    assert longer.returncode == 0, describe(longer)
+    assert "2 to resume" in longer.stdout and longer.stdout.count("resuming") == 2
+    rows = progress_rows(out / "fetch_reach_td3" / "seed0")
+    assert [int(r["epoch"]) for r in rows] == [0, 1] and rows[0] == before[0]
+    assert int(rows[1]["updates"]) == 2 * int(rows[0]["updates"])  # counters carried over
+
+
+@pytest.mark.mpi
+def test_sweep_stopped_mid_run_resumes_where_it_was(tmp_path):
+    out = tmp_path / "sweep"
+    args = [*TINY_SWEEP, "--seeds", "0", "--set", "train.n_epochs=30"]
+    process = subprocess.Popen([sys.executable, "-m", "her_mpi.sweep", "--out", str(out), *args],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env(), cwd=ROOT)
+    run_dir = out / "fetch_reach_td3" / "seed0"
+    try:  # wait for two checkpointed epochs, then stop the sweep as Ctrl-C would
+        deadline = time.monotonic() + 600
+        while process.poll() is None and time.monotonic() < deadline:
+            if (run_dir / "progress.csv").is_file() and len(progress_rows(run_dir)) >= 2:
+                break
+            time.sleep(0.5)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert "run the same command again" in stderr
+    done = len(progress_rows(run_dir))
+    assert 2 <= done < 30 and not (run_dir / "finished.json").exists()
+    resumed = sweep(out, *TINY_SWEEP, "--seeds", "0", "--set", f"train.n_epochs={done + 1}")
+    assert resumed.returncode == 0, describe(resumed)
+    assert "resuming" in resumed.stdout
+    assert [int(r["epoch"]) for r in progress_rows(run_dir)] == list(range(done + 1))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config", "fetch_push_tdd3"], "did you mean fetch_push_td3"),
+    (["--config", "fetch_push_td3", "--seeds", "3-1"], "--seeds '3-1'"),
+    (["--config", "fetch_push_td3", "--np", "0"], "--np 0"),
+    (["--config", "fetch_push_td3", "--parallel", "0"], "--parallel 0"),
+    (["--config", "fetch_push_td3", "--set", "train.n_epoch=3"], "did you mean 'train.n_epochs'"),
+])
+def test_sweep_rejects_bad_input_before_anything_starts(tmp_path, args, message):
+    result = sweep(tmp_path / "out", *args)
+    assert result.returncode == 2 and message in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+# -- aggregation -------------------------------------------------------------------------------
+
+def fake_run(directory, seed: int, success: list[float], lr: float = 1e-3, n_ranks: int = 2):
+    directory.mkdir(parents=True)
+    config = load_config("fetch_push_td3", [f"train.seed={seed}", f"algo.lr_actor={lr}"])
+    (directory / "config.yaml").write_text(config.to_yaml())
+    with open(directory / "progress.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["epoch", "env_steps", "env_steps_per_rank", "n_ranks", "test_success_rate",
+                         "train_success_rate", "time_s", "test_episodes"])
+        for epoch, value in enumerate(success):
+            steps = 10_000 * (epoch + 1)
+            writer.writerow([epoch, steps, steps // n_ranks, n_ranks, value, 0, 30.0 * (epoch + 1), 50])
+
+
+FINALS = [0.0, 0.2, 0.4, 0.6, 1.0]
+
+
+def test_runs_of_one_recipe_become_one_curve_with_the_known_iqm(tmp_path):
+    for seed, final in enumerate(FINALS):
+        fake_run(tmp_path / f"a/seed{seed}", seed, [0.0, final / 2, final])
+    fake_run(tmp_path / "b/seed0", 0, [0.0, 0.5, 0.9], lr=3e-4)  # another setting: another curve
+    recipes = plot.group(plot.find_runs([tmp_path]))
+    assert sorted(len(r.runs) for r in recipes) == [1, 5]
+    five = next(r for r in recipes if len(r.runs) == 5)
+    summary = plot.summarise(five, reps=4000)
+    assert summary["iqm_success"] == pytest.approx(0.4)  # mean of the middle three of five
+    assert summary["curve"]["iqm"] == pytest.approx([0.0, 0.2, 0.4])
+    assert summary["seeds"] == [0, 1, 2, 3, 4] and summary["n_ranks"] == 2
+
+    # the interval is the bootstrap over seeds of the IQM: recompute it independently
+    rng = np.random.default_rng(1)
+    resampled = rng.choice(np.array(FINALS), size=(20_000, 5), replace=True)
+    expected = np.percentile(stats.trim_mean(resampled, 0.25, axis=1), [2.5, 97.5])
+    assert summary["ci95"] == pytest.approx(expected, abs=0.04)
+    assert summary["ci95"][0] < 0.4 < summary["ci95"][1]
+    assert summary["seconds_per_100k_env_steps"] == pytest.approx(300.0)
+    assert summary["test_episodes_per_eval"] == 50
+
+
+def test_identical_seeds_give_a_zero_width_interval(tmp_path):
+    for seed in range(3):
+        fake_run(tmp_path / f"seed{seed}", seed, [0.1, 0.7])
+    (recipe,) = plot.group(plot.find_runs([tmp_path]))
+    summary = plot.summarise(recipe, reps=500)
+    assert summary["ci95"] == pytest.approx([0.7, 0.7])
+
+
+def test_steps_to_threshold_is_the_first_crossing_of_the_aggregate_curve():
+    steps = np.array([10, 20, 30, 40, 50])
+    curve = np.array([0.1, 0.55, 0.45, 0.85, 0.95])
+    assert plot.first_crossing(steps, curve, 0.5) == 20
+    assert plot.first_crossing(steps, curve, 0.8) == 40
+    assert plot.first_crossing(steps, curve, 0.9) == 50
+    assert plot.first_crossing(steps, curve, 0.99) is None
+
+
+def test_aggregate_uses_the_epochs_every_seed_reached(tmp_path):
+    fake_run(tmp_path / "seed0", 0, [0.2, 0.4, 0.9])
+    fake_run(tmp_path / "seed1", 1, [0.2, 0.6])
+    (recipe,) = plot.group(plot.find_runs([tmp_path]))
+    summary = plot.summarise(recipe, reps=500)
+    assert summary["epochs"] == 2 and summary["epochs_per_seed"] == [3, 2]
+    assert summary["budget_env_steps"] == 20_000
+
+
+def test_plot_command_writes_png_markdown_and_json(tmp_path):
+    for seed, final in enumerate(FINALS[:3]):
+        fake_run(tmp_path / "sweep/fetch_push_td3" / f"seed{seed}", seed, [0.0, final])
+    result = subprocess.run([sys.executable, "-m", "her_mpi.plot", str(tmp_path / "sweep"), "-o",
+                             str(tmp_path / "curve.png"), "--table", str(tmp_path / "table")],
+                            capture_output=True, text=True, env=mpi_env(), cwd=ROOT, timeout=300)
+    assert result.returncode == 0, describe(result)
+    assert (tmp_path / "curve.png").stat().st_size > 1000
+    data = json.loads((tmp_path / "table.json").read_text())
+    assert data["recipes"][0]["recipe"].startswith("fetch_push_td3")
+    markdown = (tmp_path / "table.md").read_text()
+    assert "fetch_push_td3" in markdown and "not reached" in markdown and "| 3 (0, 1, 2) |" in markdown
+
+
+def test_plot_names_a_directory_without_runs(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "her_mpi.plot", str(tmp_path)], capture_output=True,
+                            text=True, env=mpi_env(), cwd=ROOT, timeout=120)
+    assert result.returncode != 0 and "no runs under" in result.stderr
