@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class PolicyInputError(ValueError):
@@ -69,17 +74,29 @@ class Policy:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"no policy file at {str(path)!r}")
+        # The model is read once and hashed from the very bytes onnxruntime loads, so the id that
+        # diagnostics report is the file that runs (not one replaced on disk since).
+        model_bytes = path.read_bytes()
+        self.sha256 = hashlib.sha256(model_bytes).hexdigest()
         options = ort.SessionOptions()
         options.intra_op_num_threads = intra_op_threads  # one thread: lowest latency at batch 1
         options.inter_op_num_threads = 1
         try:
-            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+            self.session = ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises several types for bad files
             raise ValueError(f"{str(path)!r} is not a loadable ONNX model: {exc}") from None
         self.path = path
         self.metadata = PolicyMetadata.from_map(self.session.get_modelmeta().custom_metadata_map, str(path))
         self._output = ["action"]
         self._bind_single_input()
+
+    @property
+    def identity(self) -> dict:
+        """What identifies the running policy: file hash, env, algorithm, training steps."""
+        meta = self.metadata
+        return {"sha256": self.sha256, "env_id": meta.env_id, "algo": meta.algo,
+                "train_env_steps": meta.train_env_steps, "path": str(self.path),
+                "her_mpi_version": meta.her_mpi_version}
 
     def _bind_single_input(self) -> None:
         """Batch-1 calls (every controller tick) run on buffers bound once, zero-copy: a few µs
@@ -119,14 +136,36 @@ class Policy:
     @staticmethod
     def _validated(name: str, value, dim: int) -> np.ndarray:
         if type(value) is np.ndarray and value.dtype == np.float32 and value.flags.c_contiguous:
-            array = value  # the common case: no copy
+            array = value  # the common case (every controller tick): no copy
         else:
-            try:
-                array = np.ascontiguousarray(value, dtype=np.float32)
-            except (TypeError, ValueError) as exc:
-                raise PolicyInputError(f"{name} must be numeric, got {type(value).__name__}: {exc}") from None
+            array = _as_float32(name, value)
         if array.ndim not in (1, 2) or array.shape[-1] != dim:
             raise PolicyInputError(f"{name} must have shape [{dim}] or [batch, {dim}], got {list(array.shape)}")
         if not np.isfinite(array).all():
-            raise PolicyInputError(f"{name} contains NaN or Inf: {array.tolist() if array.size <= 32 else '...'}")
+            raise PolicyInputError(f"{name} contains NaN or Inf: {_shown(array)}")
         return array
+
+
+def _as_float32(name: str, value) -> np.ndarray:
+    """``value`` as a C-contiguous float32 array, refusing what a cast would silently change:
+    non-numbers (strings, bools, complex, dates, objects) and finite values beyond float32's range
+    (the cast would turn them into Inf)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            array = np.asarray(value)
+    except (TypeError, ValueError, OverflowError, Warning) as exc:
+        raise PolicyInputError(f"{name} must be numeric, got {type(value).__name__}: {exc}") from None
+    if array.dtype.kind not in "iuf":
+        raise PolicyInputError(f"{name} must be numeric (integers or floats), got {type(value).__name__} "
+                               f"of dtype {array.dtype}: {_shown(array)}")
+    if array.dtype.kind == "f" and array.dtype.itemsize > 4 and array.size:
+        finite = np.abs(array[np.isfinite(array)])
+        if finite.size and finite.max() > FLOAT32_MAX:
+            raise PolicyInputError(f"{name} holds {finite.max():g}, beyond float32's range (|x| <= {FLOAT32_MAX:.4g}): "
+                                   f"{_shown(array)}")
+    return np.ascontiguousarray(array, dtype=np.float32)
+
+
+def _shown(array: np.ndarray):
+    return array.tolist() if array.size <= 32 else f"array of shape {list(array.shape)}"
