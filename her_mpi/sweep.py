@@ -121,6 +121,9 @@ def command(run: Run, n_ranks: int) -> list[str]:
 
 def job_env() -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # Ranks waiting in a collective spin on their core unless told to yield; with more busy
+    # processes than cores (other jobs, --parallel) the spinning starves the rank being waited for.
+    env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     if hasattr(os, "geteuid") and os.geteuid() == 0:  # Open MPI refuses root without these
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     return env

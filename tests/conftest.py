@@ -18,7 +18,8 @@ PROGRAMS = Path(__file__).resolve().parent / "programs"
 def mpi_env() -> dict:
     env = dict(os.environ)
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1", PYTHONUNBUFFERED="1")
+               OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_mpi_yield_when_idle="1",
+               PYTHONUNBUFFERED="1")
     return env
 
 
