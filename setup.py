@@ -8,6 +8,10 @@ from pathlib import Path
 
 from setuptools import find_packages, setup
 
+# ROS 2 from PyPI (no ROS installation needed) for the policy controller nodes: pip install "her_mpi[ros]"
+ROS = ["ros-rclpy", "ros-rmw-fastrtps-cpp", "ros-std-msgs", "ros-geometry-msgs", "ros-diagnostic-msgs",
+       "ros-lifecycle-msgs"]
+
 version = re.search(r'__version__ = "([^"]+)"', Path("her_mpi/__init__.py").read_text()).group(1)
 
 setup(
@@ -16,6 +20,8 @@ setup(
     description="MPI-parallel goal-conditioned RL with Hindsight Experience Replay, exported to ONNX and ROS 2",
     long_description=Path("README.md").read_text() if Path("README.md").exists() else "",
     long_description_content_type="text/markdown",
+    license="MIT",
+    license_files=["LICENSE"],
     python_requires=">=3.10",
     packages=find_packages(include=["her_mpi", "her_mpi.*"]) + ["her_mpi_runtime"],
     package_dir={"her_mpi_runtime": "export/her_mpi_runtime"},
@@ -44,16 +50,12 @@ setup(
         "onnx>=1.16",
         "onnxscript>=0.3",  # torch.onnx's exporter
         "onnxruntime>=1.18",
-        # ROS 2 from PyPI (no ROS installation needed) for the policy controller node
-        "ros-rclpy",
-        "ros-rmw-fastrtps-cpp",
-        "ros-std-msgs",
-        "ros-geometry-msgs",
-        "ros-sensor-msgs",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout>=2.3"],
+        "ros": ROS,
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", *ROS],
     },
     entry_points={"console_scripts": ["her-mpi-train=her_mpi.train:main",
-                                      "her-policy-node=her_mpi_runtime.ros_node:main"]},
+                                      "her-policy-node=her_mpi_runtime.ros_node:main",
+                                      "her-policy-lifecycle-node=her_mpi_runtime.lifecycle_node:main"]},
 )
