@@ -1,10 +1,11 @@
-"""The ROS 2 policy controller with real rclpy (PyPI wheels), plus the launch file's structure."""
+"""The ROS 2 policy controller with real rclpy (PyPI wheels): behaviour, diagnostics, parameters, the
+launch file's structure and the console entry points (both nodes)."""
 
 import ast
 import os
 import random
+import subprocess
 import sys
-import time
 import types
 from pathlib import Path
 
@@ -12,14 +13,17 @@ import numpy as np
 import pytest
 import yaml
 
-rclpy = pytest.importorskip("rclpy")  # installed by setup.py; skip only on exotic platforms
+rclpy = pytest.importorskip("rclpy")  # in the ros and test extras; skip only on exotic platforms
+from diagnostic_msgs.msg import DiagnosticStatus  # noqa: E402
 from geometry_msgs.msg import PointStamped  # noqa: E402
-from rclpy.executors import SingleThreadedExecutor  # noqa: E402
 from std_msgs.msg import Float64MultiArray  # noqa: E402
 
-from conftest import ROOT, TINY, describe, run_python  # noqa: E402
+from conftest import ROOT, describe  # noqa: E402
+from deploy_policies import exported_policy  # noqa: E402
 from her_mpi_runtime import Policy  # noqa: E402
+from her_mpi_runtime.lifecycle_node import ManagedPolicyController  # noqa: E402
 from her_mpi_runtime.ros_node import PolicyController  # noqa: E402
+from ros_harness import Harness, new_context  # noqa: E402
 
 LAUNCH_FILE = ROOT / "launch" / "policy_controller.launch.py"
 PARAMS_FILE = ROOT / "launch" / "policy_controller.yaml"
@@ -27,52 +31,7 @@ PARAMS_FILE = ROOT / "launch" / "policy_controller.yaml"
 
 @pytest.fixture(scope="module")
 def policy_file(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ros")
-    result = run_python(["-m", "her_mpi.train", "--run-dir", root / "run", "--set", "train.n_epochs=1", *TINY])
-    assert result.returncode == 0, describe(result)
-    result = run_python(["-m", "her_mpi.export", "--checkpoint", root / "run", "--output", root / "policy.onnx",
-                         "--no-verify"])
-    assert result.returncode == 0, describe(result)
-    return root / "policy.onnx"
-
-
-class Harness:
-    """The controller plus a test node that publishes inputs and records actions."""
-
-    def __init__(self, policy_file, goal_type="array", **params):
-        self.context = rclpy.Context()
-        rclpy.init(context=self.context, domain_id=random.randint(100, 200))
-        self.node = PolicyController(context=self.context, model_path=str(policy_file), goal_type=goal_type,
-                                     rate_hz=50.0, **params)
-        self.tester = rclpy.create_node("tester", context=self.context)
-        self.actions = []
-        self.tester.create_subscription(Float64MultiArray, "action", lambda m: self.actions.append(np.array(m.data)), 10)
-        self.observation = self.tester.create_publisher(Float64MultiArray, "observation", 10)
-        goal_msg = PointStamped if goal_type == "point" else Float64MultiArray
-        self.goal = self.tester.create_publisher(goal_msg, "desired_goal", 10)
-        self.executor = SingleThreadedExecutor(context=self.context)
-        self.executor.add_node(self.node)
-        self.executor.add_node(self.tester)
-
-    def spin(self, seconds, publish=None):
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            if publish:
-                publish()
-            self.executor.spin_once(timeout_sec=0.005)
-
-    def send(self, obs, goal):
-        self.observation.publish(Float64MultiArray(data=[float(v) for v in obs]))
-        if isinstance(goal, PointStamped):
-            self.goal.publish(goal)
-        else:
-            self.goal.publish(Float64MultiArray(data=[float(v) for v in goal]))
-
-    def close(self):
-        self.executor.shutdown()
-        self.node.destroy_node()
-        self.tester.destroy_node()
-        rclpy.shutdown(context=self.context)
+    return exported_policy(tmp_path_factory)
 
 
 @pytest.fixture
@@ -80,7 +39,7 @@ def harness(policy_file):
     created = []
 
     def make(**kwargs):
-        created.append(Harness(policy_file, **kwargs))
+        created.append(Harness(PolicyController, policy_file, **kwargs))
         return created[-1]
 
     yield make
@@ -95,7 +54,7 @@ def test_publishes_the_policy_action(harness, policy_file):
     expected = Policy(policy_file).act(obs, goal)
     assert len(h.actions) >= 10
     np.testing.assert_allclose(h.actions[-1], expected, atol=1e-6)
-    assert h.node.counts["rejected"] == 0
+    assert h.node.stats.rejected == 0
 
 
 def test_point_goals_are_accepted_for_3d_goals(harness, policy_file):
@@ -114,7 +73,7 @@ def test_stale_or_missing_input_gives_the_safe_action(harness):
     h.spin(0.5, publish=lambda: h.send(np.ones(10), np.ones(3)))
     assert np.any(h.actions[-1] != 0.0)
     h.spin(0.5)  # the inputs stop: after 0.2 s the node falls back to the safe action
-    assert np.all(h.actions[-1] == 0.0) and h.node.counts["safe"] > 0
+    assert np.all(h.actions[-1] == 0.0) and h.node.stats.safe > 0
 
 
 def test_bad_messages_are_rejected_and_never_reach_the_policy(harness):
@@ -130,7 +89,7 @@ def test_bad_messages_are_rejected_and_never_reach_the_policy(harness):
     h.spin(0.2)
     h.goal.publish(Float64MultiArray(data=[0.0, float("inf"), 0.0]))
     h.spin(0.2)
-    assert h.node.counts["rejected"] == 3
+    assert h.node.stats.rejected == 3
     np.testing.assert_array_equal(h.node.observation, good_obs)  # the last good input is kept
     np.testing.assert_allclose(h.actions[-1], good_action)
 
@@ -142,83 +101,164 @@ def test_actions_are_clipped_to_the_bounds(harness):
 
 
 def test_bad_parameters_fail_clearly(policy_file):
-    context = rclpy.Context()
-    rclpy.init(context=context, domain_id=random.randint(100, 200))
+    context = new_context()
+    cases = [({"model_path": ""}, "model_path is required"),
+             ({"safe_action": [0.0]}, "safe_action must hold 4"),
+             ({"safe_action": [0.0, 0.0, 2.0, 0.0]}, r"outside the policy's action bounds"),
+             ({"goal_type": "vector"}, "goal_type must be one of array, point, pose, got 'vector'"),
+             ({"trigger": "sometimes"}, "trigger must be one of timer, observation, got 'sometimes'"),
+             ({"rate_hz": -5.0}, "rate_hz must be > 0, got -5.0"),
+             ({"input_timeout_s": 0.0}, "input_timeout_s must be > 0 seconds, got 0.0"),
+             ({"model_path": "/nonexistent/policy.onnx"}, "no policy file at '/nonexistent/policy.onnx'")]
     try:
-        with pytest.raises(ValueError, match="model_path is required"):
-            PolicyController(context=context)
-        with pytest.raises(ValueError, match="safe_action must hold 4"):
-            PolicyController(context=context, model_path=str(policy_file), safe_action=[0.0])
-        with pytest.raises(ValueError, match="goal_type must be one of"):
-            PolicyController(context=context, model_path=str(policy_file), goal_type="vector")
+        for params, message in cases:
+            with pytest.raises((ValueError, FileNotFoundError), match=message):
+                PolicyController(context=context, **{"model_path": str(policy_file), **params})
     finally:
         rclpy.shutdown(context=context)
 
 
+def test_diagnostics_report_rate_latency_counts_and_the_policy_id(harness, policy_file):
+    h = harness(input_timeout_s=0.3)
+    identity = Policy(policy_file).identity
+    obs, goal = np.full(10, 0.5), np.array([1.0, 0.5, 0.4])
+    h.spin(1.2, publish=lambda: h.send(obs, goal))
+    h.observation.publish(Float64MultiArray(data=[1.0] * 3))  # one rejected message
+    h.spin(0.1, publish=lambda: h.goal.publish(Float64MultiArray(data=goal.tolist())))
+    h.spin(1.2, publish=lambda: h.send(obs, goal))
+    values = h.next_diagnostics(publish=lambda: h.send(obs, goal))
+    assert values["name"] == "her_policy_controller: policy controller"
+    assert values["state"] == "active" and values["level"] == DiagnosticStatus.OK, values["message"]
+    assert values["policy_sha256"] == identity["sha256"] and len(identity["sha256"]) == 64
+    assert (values["policy_env_id"], values["policy_algo"]) == ("FetchReach-v4", "ddpg")
+    assert int(values["policy_train_env_steps"]) == identity["train_env_steps"] > 0
+    assert float(values["rate_hz_nominal"]) == 50.0
+    assert 0 < float(values["rate_hz_achieved"]) <= 55.0
+    p50, p99 = float(values["inference_latency_p50_us"]), float(values["inference_latency_p99_us"])
+    assert 0 < p50 <= p99 < 1e6
+    assert int(values["rejected_inputs"]) == 1 and int(values["inference_errors"]) == 0
+    assert int(values["actions_published"]) >= int(values["inferences"]) > 0
+
+    h.spin(0.5)  # the inputs stop: stale ticks are counted and the status warns
+    values = h.next_diagnostics()
+    assert int(values["stale_inputs"]) > 0 and values["level"] == DiagnosticStatus.WARN, values
+    assert "stale" in values["message"]
+
+
 # -- launch file: launch/launch_ros are not on PyPI, so check structure with recording stand-ins ---
 
-def test_launch_file_declares_the_documented_arguments(monkeypatch, policy_file):
+def load_launch_description(monkeypatch):
     tree = ast.parse(LAUNCH_FILE.read_text())
     assert any(isinstance(n, ast.FunctionDef) and n.name == "generate_launch_description" for n in tree.body)
-
     recorded = {"arguments": {}, "processes": []}
 
     class DeclareLaunchArgument:
         def __init__(self, name, default_value=None, description=""):
+            assert description, name
             recorded["arguments"][name] = default_value
 
     class ExecuteProcess:
-        def __init__(self, cmd, **kwargs):
-            recorded["processes"].append(cmd)
+        def __init__(self, cmd, condition=None, **kwargs):
+            recorded["processes"].append((cmd, condition))
 
     class LaunchConfiguration:
         def __init__(self, name):
             self.name = name
 
-    fake = {"launch": types.ModuleType("launch"), "launch.actions": types.ModuleType("launch.actions"),
-            "launch.substitutions": types.ModuleType("launch.substitutions")}
+    class IfCondition:
+        def __init__(self, predicate):
+            self.when = (predicate.name, True)
+
+    class UnlessCondition:
+        def __init__(self, predicate):
+            self.when = (predicate.name, False)
+
+    fake = {name: types.ModuleType(name) for name in
+            ("launch", "launch.actions", "launch.conditions", "launch.substitutions")}
     fake["launch"].LaunchDescription = lambda entities: entities
     fake["launch.actions"].DeclareLaunchArgument = DeclareLaunchArgument
     fake["launch.actions"].ExecuteProcess = ExecuteProcess
+    fake["launch.conditions"].IfCondition = IfCondition
+    fake["launch.conditions"].UnlessCondition = UnlessCondition
     fake["launch.substitutions"].LaunchConfiguration = LaunchConfiguration
     for name, module in fake.items():
         monkeypatch.setitem(sys.modules, name, module)
     namespace = {"__file__": str(LAUNCH_FILE)}
     exec(compile(LAUNCH_FILE.read_text(), str(LAUNCH_FILE), "exec"), namespace)
     entities = namespace["generate_launch_description"]()
-
-    assert len(entities) == len(recorded["arguments"]) + 1
-    for name in ("model_path", "rate_hz", "observation_topic", "goal_topic", "action_topic", "params_file"):
-        assert name in recorded["arguments"], name
-    assert recorded["arguments"]["model_path"] is None  # required
-    assert Path(recorded["arguments"]["params_file"]) == PARAMS_FILE
-    (cmd,) = recorded["processes"]
-    assert "her_mpi_runtime.ros_node" in cmd and "--params-file" in cmd
+    assert len(entities) == len(recorded["arguments"]) + len(recorded["processes"])
+    return recorded
 
 
-def test_parameter_yaml_matches_what_the_node_declares(policy_file):
+def overridden_parameters(cmd) -> set:
+    return {cmd[i + 1][0] for i, part in enumerate(cmd) if part == "-p"}
+
+
+def test_launch_file_declares_the_documented_arguments(monkeypatch):
+    recorded = load_launch_description(monkeypatch)
+    arguments = recorded["arguments"]
+    for name in ("model_path", "rate_hz", "observation_topic", "goal_topic", "action_topic", "params_file",
+                 "diagnostics_topic", "managed", "autostart"):
+        assert name in arguments, name
+    assert arguments["model_path"] is None  # required
+    assert arguments["managed"] == "false"
+    assert Path(arguments["params_file"]) == PARAMS_FILE
+    processes = {cmd[2]: (cmd, condition.when) for cmd, condition in recorded["processes"]}
+    assert set(processes) == {"her_mpi_runtime.ros_node", "her_mpi_runtime.lifecycle_node"}
+    plain, managed = processes["her_mpi_runtime.ros_node"], processes["her_mpi_runtime.lifecycle_node"]
+    assert plain[1] == ("managed", False) and managed[1] == ("managed", True)
+    for cmd, _ in (plain, managed):
+        assert "--params-file" in cmd and "__node:=her_policy_controller" in cmd
+    assert "autostart" in overridden_parameters(managed[0]) - overridden_parameters(plain[0])
+    return recorded
+
+
+def test_launch_arguments_and_parameter_yaml_match_what_both_nodes_declare(monkeypatch, policy_file):
+    recorded = load_launch_description(monkeypatch)
     params = yaml.safe_load(PARAMS_FILE.read_text())["her_policy_controller"]["ros__parameters"]
-    context = rclpy.Context()
-    rclpy.init(context=context, domain_id=random.randint(100, 200))
+    commented = {line.split("#", 1)[1].split(":")[0].strip() for line in PARAMS_FILE.read_text().splitlines()
+                 if line.strip().startswith("# ") and ":" in line and line.startswith("    #")}
+    context = new_context()
     try:
-        node = PolicyController(context=context, **{**params, "model_path": str(policy_file)})
-        declared = {name for name in node._parameters}
-        assert set(params) <= declared, set(params) - declared
-        assert node.policy.metadata.env_id == "FetchReach-v4"
-        node.destroy_node()
+        plain = PolicyController(context=context, **{**params, "model_path": str(policy_file)})
+        managed = ManagedPolicyController(context=context, **{**params, "model_path": str(policy_file)})
+        plain_declared, managed_declared = set(plain._parameters), set(managed._parameters)
+        assert set(params) <= plain_declared & managed_declared, set(params) - (plain_declared & managed_declared)
+        assert commented <= managed_declared and "safe_action" in commented, commented
+        for cmd, condition in recorded["processes"]:
+            declared = managed_declared if condition.when[1] else plain_declared
+            assert overridden_parameters(cmd) <= declared, overridden_parameters(cmd) - declared
+        assert plain.policy.metadata.env_id == "FetchReach-v4" and managed.policy is None  # managed: unconfigured
+        plain.destroy_node()
+        managed.destroy_node()
     finally:
         rclpy.shutdown(context=context)
 
 
-def test_node_runs_as_a_process_with_ros_args(policy_file):
+def run_node_process(module, *args, seconds=3.0):
     code = ("import sys, threading, rclpy\n"
-            "from her_mpi_runtime import ros_node\n"
-            "threading.Timer(2.0, lambda: rclpy.shutdown()).start()\n"
-            "sys.exit(ros_node.main(sys.argv))\n")
-    env = dict(os.environ, ROS_DOMAIN_ID=str(random.randint(100, 200)))
-    import subprocess
+            f"from her_mpi_runtime import {module}\n"
+            f"threading.Timer({seconds}, lambda: rclpy.shutdown()).start()\n"
+            f"sys.exit({module}.main(sys.argv))\n")
+    env = dict(os.environ, ROS_DOMAIN_ID=str(random.randint(100, 230)))
+    return subprocess.run([sys.executable, "-c", code, "--ros-args", "--params-file", str(PARAMS_FILE), *args],
+                          capture_output=True, text=True, timeout=60, env=env)
 
-    result = subprocess.run([sys.executable, "-c", code, "--ros-args", "--params-file", str(PARAMS_FILE),
-                             "-p", f"model_path:={policy_file}"], capture_output=True, text=True, timeout=60, env=env)
+
+def test_node_runs_as_a_process_with_ros_args(policy_file):
+    result = run_node_process("ros_node", "-p", f"model_path:={policy_file}")
     assert result.returncode == 0, describe(result)
     assert "policy for FetchReach-v4" in result.stderr + result.stdout
+
+
+def test_managed_node_autostarts_as_a_process_and_bad_files_exit_2(policy_file, tmp_path):
+    result = run_node_process("lifecycle_node", "-p", f"model_path:={policy_file}", "-p", "autostart:=true")
+    assert result.returncode == 0, describe(result)
+    assert "policy for FetchReach-v4" in result.stderr + result.stdout
+    result = run_node_process("lifecycle_node", "-p", "autostart:=true", seconds=10.0)
+    assert result.returncode == 2, describe(result)
+    assert "autostart: configure failed: parameter model_path is required" in result.stderr, describe(result)
+    not_onnx = tmp_path / "policy.onnx"
+    not_onnx.write_text("not a model")
+    result = run_node_process("ros_node", "-p", f"model_path:={not_onnx}", seconds=10.0)
+    assert result.returncode == 2 and "is not a loadable ONNX model" in result.stderr, describe(result)
