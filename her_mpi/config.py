@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
 import types
 import typing
 import warnings
@@ -127,6 +128,34 @@ class LogConfig:
         check(self.print_every >= 1, f"{path}.print_every", self.print_every, "an integer >= 1")
 
 
+# Algorithms register their parameter classes by name (her_mpi/algos/__init__.py does it for the
+# built-in ones). The config stores the name it was given, so knowing which algorithm a config
+# asks for never depends on inspecting types or importing algorithm code.
+ALGORITHM_PARAMS: dict[str, type] = {}
+BUILTIN_ALGORITHMS = "her_mpi.algos"  # the package whose import registers the built-in algorithms
+
+
+def register_algorithm(name: str, params_class: type) -> None:
+    """Make ``algo: <name>`` valid, with ``params_class`` (a dataclass) as its ``algo`` section."""
+    if not dataclasses.is_dataclass(params_class):
+        raise TypeError(f"algorithm {name!r}: parameter class {params_class!r} is not a dataclass")
+    registered = ALGORITHM_PARAMS.setdefault(name, params_class)
+    if registered is not params_class:
+        raise ValueError(f"algorithm name {name!r} is already registered with {registered.__name__}")
+
+
+def algorithm_names() -> list[str]:
+    load_builtin_algorithms()
+    return sorted(ALGORITHM_PARAMS)
+
+
+def load_builtin_algorithms() -> None:
+    """Register the built-in algorithms: a plugin load by package name on first need (cached by
+    Python afterwards). This module never imports algorithm code at import time; algorithm code
+    imports this module."""
+    importlib.import_module(BUILTIN_ALGORITHMS)
+
+
 @dataclass
 class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -136,16 +165,13 @@ class Config:
     normalizer: NormalizerConfig = field(default_factory=NormalizerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
-
-    @property
-    def algo_name(self) -> str:
-        from her_mpi.algos import ALGORITHMS
-
-        return next(name for name, cls in ALGORITHMS.items() if type(self.algo) is cls.Params)
+    # The registered name the recipe gave (``algo.name``); written back as ``algo.name`` by
+    # to_dict. Not a recipe key of its own (init=False), so the name has one place in a file.
+    algo_name: str = field(default="ddpg", init=False)
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
-        data["algo"] = {"name": self.algo_name, **data["algo"]}
+        data["algo"] = {"name": data.pop("algo_name"), **data["algo"]}
         return data
 
     def to_yaml(self) -> str:
@@ -272,15 +298,15 @@ def config_from_dict(raw: dict) -> Config:
     algo_raw = dict(algo_raw)
     name = algo_raw.pop("name", "ddpg")
 
-    from her_mpi.algos import ALGORITHMS  # late import: algorithms import this module
-
-    if name not in ALGORITHMS:
-        close = difflib.get_close_matches(str(name), list(ALGORITHMS), n=1)
+    known = algorithm_names()
+    if name not in known:
+        close = difflib.get_close_matches(str(name), known, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ConfigError(f"algo.name: unknown algorithm {name!r}; known: "
-                          f"{', '.join(sorted(ALGORITHMS))}{hint}")
+                          f"{', '.join(known)}{hint}")
     config = build_dataclass(Config, raw, "")
-    config.algo = build_dataclass(ALGORITHMS[name].Params, algo_raw, "algo")
+    config.algo = build_dataclass(ALGORITHM_PARAMS[name], algo_raw, "algo")
+    config.algo_name = name
     validate_tree(config, "")
     return config
 

@@ -68,7 +68,7 @@ class RolloutWorker:
 
     def _run(self, policy: Policy, envs: list, env_units: bool) -> Episodes:
         spec, n, T = self.spec, len(envs), self.spec.horizon
-        obs = np.zeros((n, T + 1, spec.obs_dim), np.float32)
+        obs = np.zeros((n, T + 1, spec.obs_dim), spec.obs_dtype)  # uint8 for images (memory)
         ag = np.zeros((n, T + 1, spec.goal_dim), np.float32)
         g = np.zeros((n, T + 1, spec.goal_dim), np.float32)
         actions = np.zeros((n, T, spec.action_dim), np.int64 if spec.discrete else np.float32)
@@ -77,7 +77,7 @@ class RolloutWorker:
         success = np.zeros(n, np.float32)
         for i, env in enumerate(envs):
             o, _ = env.reset()
-            obs[i, 0], ag[i, 0], g[i, 0] = o["observation"], o["achieved_goal"], o["desired_goal"]
+            obs[i, 0], ag[i, 0], g[i, 0] = np.ravel(o["observation"]), o["achieved_goal"], o["desired_goal"]
         running = np.ones(n, bool)
         for t in range(T):
             env_act, actions[:, t] = self._split_action(policy(obs[:, t], g[:, t]), env_units, n)
@@ -86,7 +86,7 @@ class RolloutWorker:
                     obs[i, t + 1], ag[i, t + 1], g[i, t + 1] = obs[i, t], ag[i, t], g[i, t]
                     continue
                 o, r, terminated, truncated, info = env.step(env_act[i])
-                obs[i, t + 1], ag[i, t + 1] = o["observation"], o["achieved_goal"]
+                obs[i, t + 1], ag[i, t + 1] = np.ravel(o["observation"]), o["achieved_goal"]
                 g[i, t + 1] = o["desired_goal"]
                 rewards[i, t] = r
                 success[i] = info.get("is_success", 0.0)

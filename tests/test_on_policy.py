@@ -44,8 +44,9 @@ def test_htrpo_constraint_is_the_weighted_qkl_of_its_policy():
         new_log_prob = agent.policy_net.log_prob(x, actions)
     batch = {"x": x, "actions": actions, "old": old, "old_log_prob": old_log_prob,
              "coefficients": torch.full((500,), 1 / 500)}
-    expected = 0.5 * (old_log_prob - new_log_prob).pow(2).mean()
-    assert float(agent.divergence(batch)) == pytest.approx(float(expected), rel=1e-5)
+    # the paper's units: (1 - gamma) * sum of coefficient * QKL (coefficients here: 1/500 per row)
+    expected = (1 - agent.params.gamma) * 0.5 * (old_log_prob - new_log_prob).pow(2).mean()
+    assert float(agent.divergence(batch).detach()) == pytest.approx(float(expected), rel=1e-5)
 
 
 def test_analytic_kl_matches_the_closed_forms():
@@ -117,3 +118,149 @@ def test_gae_bootstraps_truncated_copies_and_stops_at_terminal_steps():
     d = rewards + gamma * next_values * np.array([1, 1, 1, 0]) - values  # copy 1 ends terminal at t=1
     expected = [d[0] + gamma * lam * d[1], d[1], d[2] + gamma * lam * d[3], d[3]]
     np.testing.assert_allclose(advantages, expected, rtol=1e-6)
+
+
+# -- HTRPO's units, the collecting policy as the ratio's reference, PPO's KL stop ---------------
+
+def predator_prey_agent(algo: str, *overrides, dims: int = 1):
+    from her_mpi.config import EnvConfig, load_config
+    from her_mpi.envs import env_spec, make_env
+    from her_mpi.trainer import build_agent
+
+    env_cfg = EnvConfig("PredatorPrey-v0", {"dims": dims, "interception_distance": 0.5})
+    env = make_env(env_cfg, seed=0)
+    config = load_config(None, [f"algo={algo}", "env.id=PredatorPrey-v0",
+                                f"env.kwargs={{dims: {dims}, interception_distance: 0.5}}", *overrides])
+    return build_agent(config, env_spec(env, "PredatorPrey-v0"), env, np.random.SeedSequence(0)), config
+
+
+def predator_prey_episodes(ag: np.ndarray, goal: float) -> Episodes:
+    """1-D predator-prey episodes with the predator at ``ag``, a static prey at ``goal``."""
+    episodes = episodes_from(ag, np.array([goal], np.float32))
+    episodes.obs = np.concatenate([ag, np.zeros_like(ag)], axis=-1)  # position, prey velocity 0
+    return episodes
+
+
+def test_htrpo_weights_are_the_papers_trajectory_normalised_sum():
+    # Two 4-step episodes, predator moving +1 / -1 per step, original goal never reached, and two
+    # hindsight goals: 2 (episode 0 reaches it after step 2) and -1 (episode 1 after step 1).
+    agent, config = predator_prey_agent("htrpo", "algo.gamma=0.9")
+    with torch.no_grad():  # a policy that ignores the goal: every importance ratio is 1
+        agent.policy_net.mean_net[-2].weight.zero_()
+    ag = np.array([[[0.0], [1.0], [2.0], [3.0], [4.0]], [[0.0], [-1.0], [-2.0], [-3.0], [-4.0]]], np.float32)
+    episodes = predator_prey_episodes(ag, 9.0)
+    batch, data = agent.build_batch(episodes, np.array([[2.0], [-1.0]], np.float32))
+    # h: 1 under the own goals; per (goal, t) the ratios normalised to sum 1 over the episodes
+    # still running (goal 2: both until t=1, then episode 1 alone; goal -1: both at t=0 only)
+    h = np.array([[1, 1, 1, 1], [1, 1, 1, 1],
+                  [0.5, 0.5, 0, 0], [0.5, 0.5, 1, 1],
+                  [0.5, 1, 1, 1], [0.5, 0, 0, 0]])
+    expected = h * 0.9 ** np.arange(4) / (2 * (1 + 2))  # N_traj = 2 episodes x (own goal + 2 goals)
+    copy, t = data.rows
+    np.testing.assert_array_equal(data.mask, h > 0)
+    np.testing.assert_allclose(batch["coefficients"].numpy(), expected[copy, t], rtol=1e-6)
+    # D = (1 - gamma) * sum_rows coefficient * QKL: a constant QKL of k per row gives
+    # (1 - gamma) * k * sum(h gamma^t) / N_traj, a sum over time, not a mean over the 18 rows
+    with torch.no_grad():
+        divergence = float(agent.divergence({**batch, "old_log_prob": batch["old_log_prob"] + 0.1}))
+    assert divergence == pytest.approx((1 - 0.9) * 0.5 * 0.1 ** 2 * expected.sum(), rel=1e-5)
+
+
+def test_htrpo_weighted_importance_sampling_is_normalised_over_episodes_per_goal_and_step():
+    agent, _ = predator_prey_agent("htrpo")
+    ag = np.array([[[0.0], [1.0], [2.0], [3.0]], [[0.0], [-1.0], [-2.0], [-3.0]], [[0.0], [1.0], [1.0], [1.0]]],
+                  np.float32)
+    episodes = predator_prey_episodes(ag, 9.0)
+    episodes.actions[:] = np.random.default_rng(0).normal(size=episodes.actions.shape)  # ratios != 1
+    batch, data = agent.build_batch(episodes, np.array([[3.0], [-3.0]], np.float32))
+    copy, t = data.rows
+    h = np.zeros(data.mask.shape)
+    h[copy, t] = batch["coefficients"].numpy() / agent.params.gamma ** t * (3 * 3)
+    np.testing.assert_allclose(h[:3][data.mask[:3]], 1.0, rtol=1e-6)
+    for goal in range(2):  # each (goal, t) column of valid copies sums to 1
+        block = h[3 + 3 * goal: 6 + 3 * goal]
+        np.testing.assert_allclose(block.sum(axis=0), 1.0, rtol=1e-5)
+
+
+def collect(agent, config, n_episodes=4):
+    from her_mpi.rollout import RolloutWorker
+
+    worker = RolloutWorker(config.env, n_episodes, np.random.SeedSequence(1))
+    episodes = worker.generate(lambda o, g: agent.act(o, g, explore=True), n_episodes)
+    valid = np.arange(episodes.actions.shape[1])[None, :] < episodes.lengths[:, None]
+    with torch.no_grad():  # what the collecting policy gave each taken action
+        x = agent.inputs(torch.from_numpy(episodes.obs[:, :-1][valid]), torch.from_numpy(episodes.g[:, :-1][valid]))
+        log_prob = agent.policy_net.log_prob(x, torch.from_numpy(episodes.actions[valid])).numpy()
+    return episodes, log_prob
+
+
+@pytest.mark.parametrize("algo, step", [("htrpo", "policy_step"), ("ppo", "optimize")])
+def test_old_log_probs_are_the_collecting_policys(algo, step, monkeypatch):
+    agent, config = predator_prey_agent(algo, dims=2)
+    agent.inputs.obs_normalizer.observe(np.zeros((1, 4)))  # some statistics already: a later
+    agent.inputs.goal_normalizer.observe(np.zeros((1, 2)))  # update moves them
+    agent.inputs.sync()
+    episodes, collecting = collect(agent, config)
+    seen = {}
+
+    def capture(batch):
+        seen.update(batch)
+        return {}
+
+    monkeypatch.setattr(agent, step, capture)
+    agent.learn(episodes)
+    n_original = int(episodes.lengths.sum())  # the original goals' rows come first
+    np.testing.assert_allclose(seen["old_log_prob"][:n_original].numpy(), collecting, rtol=1e-5, atol=1e-5)
+    assert agent.inputs.obs_normalizer.total[-1] > 1  # the normalizers did take the batch in, afterwards
+
+
+def test_relabelled_copies_reference_the_collecting_parameters_under_their_goal(monkeypatch):
+    agent, config = predator_prey_agent("htrpo", "algo.n_goals=3", dims=2)
+    episodes, _ = collect(agent, config)
+    with torch.no_grad():
+        policy_before = {k: v.clone() for k, v in agent.policy_net.state_dict().items()}
+        inputs_before = {k: v.clone() for k, v in agent.inputs.state_dict().items() if isinstance(v, torch.Tensor)}
+    seen = {}
+    monkeypatch.setattr(agent, "policy_step", lambda batch: seen.update(batch) or {})
+    goals = agent.select_goals(episodes)
+    monkeypatch.setattr(agent, "select_goals", lambda _: goals)
+    agent.learn(episodes)
+    reference, _ = predator_prey_agent("htrpo", "algo.n_goals=3", dims=2)
+    reference.policy_net.load_state_dict(policy_before)
+    reference.inputs.load_state_dict(inputs_before, strict=False)
+    n, T = len(episodes), episodes.actions.shape[1]
+    source = np.concatenate([np.arange(n), np.tile(np.arange(n), len(goals))])
+    all_goals = np.concatenate([episodes.g, np.repeat(goals, n, axis=0)[:, None, :].repeat(T + 1, axis=1)])
+    data = relabel(episodes, source, all_goals, agent.goal_fns.success)
+    copy, t = data.rows
+    with torch.no_grad():
+        x = reference.inputs(torch.from_numpy(episodes.obs[source[copy], t]), torch.from_numpy(all_goals[copy, t]))
+        expected = reference.policy_net.log_prob(x, torch.from_numpy(episodes.actions[source[copy], t]))
+    np.testing.assert_allclose(seen["old_log_prob"].numpy(), expected.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_ppo_stops_before_the_step_that_would_exceed_the_target_kl():
+    agent, _ = predator_prey_agent("ppo", "algo.target_kl=0.01", "algo.minibatch_size=16", dims=2)
+    x = torch.randn(64, agent.inputs.out_dim, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        actions = agent.policy_net.sample(x, torch.Generator().manual_seed(1))
+        log_prob = agent.policy_net.log_prob(x, actions)
+    before = agent.policy_optimizer.flat.param.clone()
+    # the policy already differs from the batch's reference by a KL far above 1.5 x target_kl
+    batch = {"x": x, "actions": actions, "old_log_prob": log_prob - 1.0, "advantages": torch.randn(64),
+             "returns": torch.zeros(64)}
+    metrics = agent.optimize(batch)
+    assert metrics["minibatch_steps"] == 0 and metrics["approx_kl"] > 1.5 * 0.01
+    torch.testing.assert_close(agent.policy_optimizer.flat.param, before, rtol=0, atol=0)
+
+
+def test_ppo_steps_while_the_kl_is_below_the_target():
+    agent, _ = predator_prey_agent("ppo", "algo.target_kl=0.01", "algo.minibatch_size=16", "algo.n_epochs=1", dims=2)
+    x = torch.randn(64, agent.inputs.out_dim, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        actions = agent.policy_net.sample(x, torch.Generator().manual_seed(1))
+        log_prob = agent.policy_net.log_prob(x, actions)
+    batch = {"x": x, "actions": actions, "old_log_prob": log_prob, "advantages": torch.randn(64),
+             "returns": torch.zeros(64)}
+    metrics = agent.optimize(batch)
+    assert metrics["minibatch_steps"] >= 1

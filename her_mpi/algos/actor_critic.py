@@ -92,7 +92,7 @@ class ActorCriticAgent(OffPolicyAgent):
     def update(self, batch):
         x = self.inputs(batch["obs"], batch["g"])
         with torch.no_grad():
-            target = self.td_target(self.inputs(batch["obs_next"], batch["g"]), batch["rewards"],
+            target = self.td_target(self.inputs(batch["obs_next"], batch["g_next"]), batch["rewards"],
                                     batch["terminals"])
         q = self.critic(torch.cat([x, batch["actions"]], -1))  # [n_critics, batch]
         td_error = target - q

@@ -17,9 +17,10 @@ import torch
 from torch import nn
 
 from her_mpi import mpi
+from her_mpi.cnn import goal_conditioned_input
 from her_mpi.config import Config, ConfigError, check
 from her_mpi.envs import EnvSpec, GoalFunctions
-from her_mpi.nets import DeployablePolicy, GoalConditionedInput
+from her_mpi.nets import DeployablePolicy
 from her_mpi.replay.buffer import EpisodeStore, ReplayBuffer
 from her_mpi.rollout import Episodes
 
@@ -39,7 +40,7 @@ class Agent(ABC):
         self.rng = np.random.default_rng(seed_sequence)
         self.torch_rng = torch.Generator().manual_seed(int(seed_sequence.generate_state(1)[0]))
         self.nets = nn.ModuleDict()
-        self.inputs = GoalConditionedInput(spec.obs_dim, spec.goal_dim, config.normalizer)
+        self.inputs = goal_conditioned_input(spec, config.normalizer)  # pixels scaled for images
         self.nets["inputs"] = self.inputs
         self.n_updates = 0
 
@@ -135,7 +136,9 @@ class OffPolicyAgent(Agent):
                               f"expected replay.size >= {per_cycle}")
         self.buffer = ReplayBuffer(replay.size, spec.horizon, spec.obs_dim, spec.goal_dim,
                                    spec.action_dim, spec.discrete, reward_fn, terminal_fn,
-                                   replay.prioritized, replay.alpha, replay.priority_eps)
+                                   replay.prioritized, replay.alpha, replay.priority_eps,
+                                   obs_dtype=np.dtype(spec.obs_dtype),
+                                   timeout_reward=goal_fns.timeout_reward if goal_fns else 0.0)
         self.target_pairs: list[tuple[torch.Tensor, torch.Tensor]] = []  # (target, online) flat
 
     @abstractmethod

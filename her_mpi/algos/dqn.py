@@ -15,8 +15,9 @@ import torch
 from torch.nn import functional as F
 
 from her_mpi.algos.base import OffPolicyAgent, OffPolicyParams
+from her_mpi.cnn import network_body
 from her_mpi.config import ConfigError, check
-from her_mpi.nets import DeployablePolicy, GreedyAction, flat_target_copy, mlp
+from her_mpi.nets import DeployablePolicy, GreedyAction, flat_target_copy
 from her_mpi.optim import SyncedAdam
 
 
@@ -45,7 +46,8 @@ class DQN(OffPolicyAgent):
             raise ConfigError(f"algo: dqn needs discrete actions but {spec.env_id} has continuous "
                               f"actions (use ddpg, td3 or sac)")
         p = self.params
-        self.q_network = mlp(self.inputs.out_dim, p.hidden, spec.n_actions, p.activation)
+        # the paper's CNN for image observations (hidden = its FC layers), else an MLP
+        self.q_network = network_body(spec, self.inputs.out_dim, p.hidden, spec.n_actions, p.activation)
         self.q_target, q_target_flat = flat_target_copy(self.q_network)
         self.optimizer = SyncedAdam(self.q_network, p.lr)
         self.target_pairs.append((q_target_flat, self.optimizer.flat.param))
@@ -68,7 +70,7 @@ class DQN(OffPolicyAgent):
     def update(self, batch):
         x = self.inputs(batch["obs"], batch["g"])
         with torch.no_grad():
-            x_next = self.inputs(batch["obs_next"], batch["g"])
+            x_next = self.inputs(batch["obs_next"], batch["g_next"])  # the goal after the step (it may move)
             q_next_all = self.q_target(x_next)
             if self.params.double:
                 next_action = self.q_network(x_next).argmax(-1, keepdim=True)

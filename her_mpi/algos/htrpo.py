@@ -3,16 +3,33 @@
 One iteration: choose hindsight goals from the batch's achieved goals (Hindsight Goal Filtering,
 identical on every rank), rewrite every episode for every goal (each copy ends at its first
 success; sparse reward T - t there, as in the authors' code), weight each step by the
-per-decision importance ratio prod_k pi(a_k|s_k,g') / pi(a_k|s_k,g) (normalised over episodes
-for each goal and step: weighted importance sampling), then
+per-decision importance ratio rho_t = prod_k pi(a_k|s_k,g') / pi(a_k|s_k,g) of the collecting
+policy, then
 
-* HTRPO: maximise the weighted surrogate subject to the QKL constraint
-  E_w[1/2 (log pi_old - log pi)^2] <= max_kl: conjugate gradient on Hessian-vector products of
-  the constraint (+ damping), step sqrt(2 max_kl / x^T H x) x, backtracking line search;
+* HTRPO (``algo: htrpo``): maximise the weighted surrogate subject to the QKL constraint
+  (conjugate gradient on Hessian-vector products of the constraint + damping, step
+  sqrt(2 max_kl / x^T H x) x, backtracking line search);
 * HPG (``algo: hpg``): a plain gradient step on the same weighted objective.
 
 Then the critic V(s, g) is refit on TD(0) targets. Every gradient, Hessian-vector product and
 line-search value is summed over ranks, so every rank takes the same step.
+
+Units of the objective and of ``max_kl`` are the paper's (eq. 79-80 of the seed; the authors'
+``mean_kl_divergence``): a sum over time steps, normalised by the number of trajectories,
+
+    D = (1 - gamma) / N_traj * sum over (trajectory, t) of h * gamma^t * K_t,
+
+with K_t = 1/2 (log pi_old - log pi)^2 (QKL), N_traj = N_episodes * (1 + N_goals) over all ranks
+(N_episodes * N_goals with ``original_goals: false``), h = 1 for the episodes' own goals and, for
+hindsight copies, rho_t normalised to sum 1 over the episodes for each (goal, t) (weighted
+importance sampling; rho_t itself with ``weighted_is: false``). The sum-to-1 normalisation is the
+paper's: it makes the hindsight part of D scale like 1 / N_episodes, so the paper's max_kl
+(2e-5 for Fetch and Ms. Pac-Man, 1e-3 for bit flipping) means what it meant there at the paper's
+batch sizes (1,600 steps for Fetch, 300 for Ms. Pac-Man). A mean over rows, as before, is
+N_episodes / ((1 - gamma) * mean copy length) times larger: about 65x for 1,600-step Fetch batches.
+The objective uses the same h * gamma^t / N_traj (the authors' HPG loss; for HTRPO its scale
+does not matter, the step is sized by the constraint).
+
 Ablations: ``kl: qkl | analytic | logratio``, ``goal_filtering``, ``weighted_is``,
 ``reward: sparse | dense``; ``hindsight: false`` is plain TRPO.
 """
@@ -36,36 +53,58 @@ MAX_LOG_RATIO = 20.0  # per-decision log importance ratios are clipped to avoid 
 
 
 @dataclass
-class HTRPOParams(OnPolicyParams):
-    max_kl: float = 1e-3  # 2e-5 in the paper's Fetch experiments
-    cg_iters: int = 10
-    cg_damping: float = 1e-3
-    hvp_subsample: float = 1.0  # fraction of rows used for Hessian-vector products (speed)
-    line_search_steps: int = 10
-    kl: str = "qkl"  # qkl | analytic | logratio
+class HindsightParams(OnPolicyParams):
+    """What HTRPO and HPG share: goal choice, relabelling, importance weights, critic."""
+
     goal_filtering: bool = True  # Hindsight Goal Filtering; off: uniformly sampled achieved goals
-    weighted_is: bool = True
+    weighted_is: bool = True  # per (goal, step), normalise the importance ratios over episodes
+    original_goals: bool = True  # also learn from the episodes under their own goals (the authors' configs: off)
     reward: str = "sparse"  # sparse: T - t at the first success; dense: -|achieved - goal|
     n_goals: int = 100  # hindsight goals per iteration (0: every distinct achieved goal)
     goal_decimals: int = 3  # achieved goals are rounded to this many decimals to find distinct ones
     gae_lambda: float = 0.0  # 0: TD(0) advantages and targets, as in the authors' code
     critic_iters: int = 20
     critic_batch_size: int = 0  # 0: full batch
-    pg_lr: float = 1e-3  # HPG's step size
+
+    def validate(self, path: str) -> None:
+        super().validate(path)
+        check(self.reward in ("sparse", "dense"), f"{path}.reward", self.reward, "'sparse' or 'dense'")
+        check(self.critic_iters >= 1, f"{path}.critic_iters", self.critic_iters, "an integer >= 1")
+        for name in ("n_goals", "critic_batch_size"):
+            check(getattr(self, name) >= 0, f"{path}.{name}", getattr(self, name), "an integer >= 0")
+        check(0.0 <= self.gae_lambda <= 1.0, f"{path}.gae_lambda", self.gae_lambda, "a number in [0, 1]")
+        check(self.original_goals or self.hindsight, f"{path}.original_goals", self.original_goals,
+              "true when hindsight is off (no data otherwise)")
+
+
+@dataclass
+class HTRPOParams(HindsightParams):
+    # Trust region in the paper's units (module docstring): 2e-5 for Fetch and Ms. Pac-Man,
+    # 1e-3 for bit flipping at the paper's batch sizes.
+    max_kl: float = 2e-5
+    cg_iters: int = 10
+    cg_damping: float = 1e-3
+    hvp_subsample: float = 1.0  # fraction of rows used for Hessian-vector products (speed)
+    line_search_steps: int = 10
+    kl: str = "qkl"  # qkl | analytic | logratio
 
     def validate(self, path: str) -> None:
         super().validate(path)
         check(self.max_kl > 0, f"{path}.max_kl", self.max_kl, "a number > 0")
         check(self.kl in ("qkl", "analytic", "logratio"), f"{path}.kl", self.kl, "'qkl', 'analytic' or 'logratio'")
-        check(self.reward in ("sparse", "dense"), f"{path}.reward", self.reward, "'sparse' or 'dense'")
-        for name in ("cg_iters", "line_search_steps", "critic_iters"):
+        for name in ("cg_iters", "line_search_steps"):
             check(getattr(self, name) >= 1, f"{path}.{name}", getattr(self, name), "an integer >= 1")
-        for name in ("n_goals", "critic_batch_size"):
-            check(getattr(self, name) >= 0, f"{path}.{name}", getattr(self, name), "an integer >= 0")
         check(self.cg_damping >= 0, f"{path}.cg_damping", self.cg_damping, "a number >= 0")
         check(0 < self.hvp_subsample <= 1, f"{path}.hvp_subsample", self.hvp_subsample, "a number in (0, 1]")
+
+
+@dataclass
+class HPGParams(HindsightParams):
+    pg_lr: float = 1e-3  # Adam step size on the weighted objective
+
+    def validate(self, path: str) -> None:
+        super().validate(path)
         check(self.pg_lr > 0, f"{path}.pg_lr", self.pg_lr, "a number > 0")
-        check(0.0 <= self.gae_lambda <= 1.0, f"{path}.gae_lambda", self.gae_lambda, "a number in [0, 1]")
 
 
 def hindsight_goal_filtering(achieved: np.ndarray, original: np.ndarray, n_goals: int,
@@ -112,16 +151,8 @@ def conjugate_gradient(hvp, b: torch.Tensor, iterations: int, tolerance: float =
     return x
 
 
-class HTRPO(OnPolicyAgent):
-    name = "htrpo"
-    Params = HTRPOParams
-
-    def __init__(self, spec, config, goal_fns, seed_sequence):
-        super().__init__(spec, config, goal_fns, seed_sequence)
-        self.make_policy_optimizer()
-
-    def make_policy_optimizer(self) -> None:
-        self.policy_flat = FlatParameters(self.policy_net)
+class HindsightAgent(OnPolicyAgent):
+    """Relabelling, importance weights, advantages and the critic; subclasses take the policy step."""
 
     # -- goals and data ------------------------------------------------------------------------
 
@@ -148,11 +179,15 @@ class HTRPO(OnPolicyAgent):
         return np.where(data.terminal[copy, t], horizon - t, 0).astype(np.float32)
 
     def build_batch(self, episodes: Episodes, goals: np.ndarray) -> tuple[dict[str, torch.Tensor], Relabelled]:
-        """Rows of the original episodes (weight 1) and of every episode under every goal."""
+        """Rows of the original episodes and of every episode under every goal, with the
+        collecting policy's log-probabilities (call before the normalizers change)."""
+        p = self.params
         n, T = len(episodes), episodes.actions.shape[1]
-        source = np.concatenate([np.arange(n), np.tile(np.arange(n), len(goals))])
+        hindsight_source = np.tile(np.arange(n), len(goals))
         goal_rows = np.repeat(goals, n, axis=0)[:, None, :].repeat(T + 1, axis=1)
-        all_goals = np.concatenate([episodes.g, goal_rows]) if len(goals) else episodes.g
+        n_original = n if p.original_goals else 0
+        source = np.concatenate([np.arange(n_original), hindsight_source])
+        all_goals = np.concatenate([episodes.g[:n_original], goal_rows])
         data = relabel(episodes, source, all_goals, self.goal_fns.success)
         batch = self.row_tensors(episodes, data)
         batch["rewards"] = torch.from_numpy(self.rewards(episodes, data))
@@ -160,38 +195,50 @@ class HTRPO(OnPolicyAgent):
         with torch.no_grad():
             old = detach_params(self.policy_net.params(batch["x"]))
             log_prob_goal = self.policy_net.log_prob_of(old, batch["actions"])
-            log_prob_own = self.policy_net.log_prob(batch["x_own"], batch["actions"])
+            ep = data.source[copy]
+            x_own = self.inputs(torch.from_numpy(episodes.obs[ep, t]), torch.from_numpy(episodes.g[ep, t]))
+            log_prob_own = self.policy_net.log_prob(x_own, batch["actions"])
+            del x_own
         batch["old"], batch["old_log_prob"] = old, log_prob_goal
-        batch["weights"] = torch.from_numpy(self.importance_weights(
-            data, copy, t, (log_prob_goal - log_prob_own).numpy(), n_original=n, n_goals=len(goals)))
+        weights = self.importance_weights(data, copy, t, (log_prob_goal - log_prob_own).numpy(),
+                                          n_original=n_original, n_goals=len(goals))
+        n_trajectories = global_sum(n)[0] * (len(goals) + (1 if p.original_goals else 0))
+        batch["coefficients"] = torch.from_numpy(weights) * p.gamma ** torch.from_numpy(t).float() / n_trajectories
         return batch, data
 
     def importance_weights(self, data, copy, t, log_ratio, n_original, n_goals) -> np.ndarray:
-        """Per-decision importance weights, normalised over episodes (globally) per goal and step."""
+        """h per row: 1 under the episodes' own goals; for hindsight copies the per-decision ratio,
+        normalised to sum 1 over all ranks' episodes for each (goal, step) with weighted IS."""
         M, T = data.mask.shape
         grid = np.zeros((M, T))
         grid[copy, t] = log_ratio
         grid[:n_original] = 0.0  # the original goals: on-policy data
         rho = np.exp(np.clip(np.cumsum(grid, axis=1), -MAX_LOG_RATIO, MAX_LOG_RATIO)) * data.mask
         if self.params.weighted_is and n_goals:
-            per_goal = rho[n_original:].reshape(n_goals, n_original, T)
-            valid = data.mask[n_original:].reshape(n_goals, n_original, T)
-            sums = mpi.allreduce_sum_(np.stack([per_goal.sum(axis=1), valid.sum(axis=1)]).astype(np.float64))
-            normalised = per_goal * (sums[1] / np.maximum(sums[0], 1e-12))[:, None, :]
-            rho[n_original:] = normalised.reshape(-1, T)
+            per_goal = rho[n_original:].reshape(n_goals, -1, T)
+            sums = mpi.allreduce_sum_(per_goal.sum(axis=1).astype(np.float64))
+            rho[n_original:] = (per_goal / np.maximum(sums, 1e-300)[:, None, :]).reshape(-1, T)
         return rho[copy, t].astype(np.float32)
+
+    def rewards(self, episodes: Episodes, data: Relabelled) -> np.ndarray:
+        copy, t = data.rows
+        if self.params.reward == "dense":
+            ag_next = episodes.ag[data.source[copy], t + 1]
+            return -np.linalg.norm(ag_next - data.goals[copy, t + 1], axis=-1).astype(np.float32)
+        horizon = episodes.actions.shape[1]
+        return np.where(data.terminal[copy, t], horizon - t, 0).astype(np.float32)
 
     # -- the update ----------------------------------------------------------------------------
 
     def learn(self, episodes: Episodes) -> dict[str, float]:
         p = self.params
         goals = self.select_goals(episodes) if p.hindsight else np.zeros((0, self.spec.goal_dim), np.float32)
-        self.update_normalizers(episodes, goals)
         batch, data = self.build_batch(episodes, goals)
         n_rows = global_sum(len(batch["x"]))[0]
         with torch.no_grad():  # advantages (TD(0) by default) and critic targets from the current critic
             value = self.value_net(batch["x"]).squeeze(-1)
             next_value = self.value_net(batch["x_next"]).squeeze(-1)
+            del batch["x_next"]
             advantages = torch.from_numpy(gae(data, batch["rewards"].numpy(), value.numpy(), next_value.numpy(),
                                               p.gamma, p.gae_lambda))
             targets = advantages + value
@@ -199,12 +246,12 @@ class HTRPO(OnPolicyAgent):
             mean = total / n_rows
             std = max(np.sqrt(max(total_sq / n_rows - mean ** 2, 0.0)), 1e-8)
             batch["advantages"] = (advantages - mean) / std
-            batch["coefficients"] = batch["weights"] * p.gamma ** batch["t"].float() / n_rows
         metrics = self.policy_step(batch)
         metrics["critic_loss"] = self.fit_value(batch["x"], targets, p.critic_iters, p.critic_batch_size)
         with torch.no_grad():
             entropy = float(self.policy_net.entropy(batch["x"][:1024]).mean())
         metrics.update(n_goals=float(len(goals)), rows=float(n_rows), entropy=entropy)
+        self.update_normalizers(episodes, goals)  # only now: this batch's reference is the collecting policy
         self.n_iterations += 1
         return metrics
 
@@ -213,21 +260,33 @@ class HTRPO(OnPolicyAgent):
         ratio = (self.policy_net.log_prob(batch["x"], batch["actions"]) - batch["old_log_prob"]).exp()
         return (batch["coefficients"] * ratio * batch["advantages"]).sum()
 
-    def divergence(self, batch, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """This rank's part of the trust-region constraint, weighted like the objective
-        (estimated from ``rows`` only, rescaled, when given)."""
+    def divergence(self, batch, rows: torch.Tensor | None = None, kl: str = "qkl") -> torch.Tensor:
+        """This rank's part of the trust-region quantity D (paper units, module docstring),
+        estimated from ``rows`` only, rescaled, when given."""
         if rows is not None:
             scale = len(batch["x"]) / max(len(rows), 1)
             batch = {k: batch[k][rows] for k in ("x", "actions", "old_log_prob", "coefficients")} | {
                 "old": tuple(t[rows] for t in batch["old"])}
-            return scale * self.divergence(batch)
+            return scale * self.divergence(batch, kl=kl)
         new = self.policy_net.params(batch["x"])
-        if self.params.kl == "analytic":
+        if kl == "analytic":
             per_row = self.policy_net.kl(batch["old"], new)
         else:
             log_ratio = batch["old_log_prob"] - self.policy_net.log_prob_of(new, batch["actions"])
-            per_row = 0.5 * log_ratio.pow(2) if self.params.kl == "qkl" else log_ratio
-        return (batch["coefficients"] * per_row).sum()
+            per_row = 0.5 * log_ratio.pow(2) if kl == "qkl" else log_ratio
+        return (1.0 - self.params.gamma) * (batch["coefficients"] * per_row).sum()
+
+    def policy_step(self, batch) -> dict[str, float]:
+        raise NotImplementedError
+
+
+class HTRPO(HindsightAgent):
+    name = "htrpo"
+    Params = HTRPOParams
+
+    def __init__(self, spec, config, goal_fns, seed_sequence):
+        super().__init__(spec, config, goal_fns, seed_sequence)
+        self.policy_flat = FlatParameters(self.policy_net)
 
     def global_gradient(self, value: torch.Tensor, create_graph: bool = False) -> torch.Tensor:
         grads = torch.autograd.grad(value, self.policy_flat.params, create_graph=create_graph)
@@ -241,7 +300,7 @@ class HTRPO(OnPolicyAgent):
         if p.hvp_subsample < 1:
             n = len(batch["x"])
             rows = torch.randperm(n, generator=self.torch_rng)[: max(1, int(round(n * p.hvp_subsample)))]
-        kl_gradient = self.global_gradient(self.divergence(batch, rows), create_graph=True)
+        kl_gradient = self.global_gradient(self.divergence(batch, rows, p.kl), create_graph=True)
 
         def hvp(vector: torch.Tensor) -> torch.Tensor:
             product = torch.autograd.grad(kl_gradient @ vector, self.policy_flat.params, retain_graph=True)
@@ -251,7 +310,7 @@ class HTRPO(OnPolicyAgent):
 
         direction = conjugate_gradient(hvp, gradient, p.cg_iters)
         curvature = float(direction @ hvp(direction))
-        step = np.sqrt(2 * p.max_kl / max(curvature, 1e-12)) * direction
+        step = np.sqrt(2 * p.max_kl / max(curvature, 1e-30)) * direction
         expected = float(gradient @ step)
         start = self.policy_flat.param.clone()
         with torch.no_grad():
@@ -259,7 +318,7 @@ class HTRPO(OnPolicyAgent):
             accepted, improvement, kl = 0, 0.0, 0.0
             for k in range(p.line_search_steps):
                 self.policy_flat.param.copy_(start + 0.5 ** k * step)
-                after, kl = global_sum(float(self.surrogate(batch)), float(self.divergence(batch)))
+                after, kl = global_sum(float(self.surrogate(batch)), float(self.divergence(batch, kl=p.kl)))
                 improvement = after - before
                 if improvement > 0 and kl <= 1.5 * p.max_kl:
                     accepted = k + 1
@@ -271,12 +330,14 @@ class HTRPO(OnPolicyAgent):
                 "line_search_step": float(accepted)}
 
 
-class HPG(HTRPO):
+class HPG(HindsightAgent):
     """Hindsight policy gradient: HTRPO's relabelling and importance weights, plain gradient step."""
 
     name = "hpg"
+    Params = HPGParams
 
-    def make_policy_optimizer(self) -> None:
+    def __init__(self, spec, config, goal_fns, seed_sequence):
+        super().__init__(spec, config, goal_fns, seed_sequence)
         self.policy_optimizer = SyncedAdam(self.policy_net, self.params.pg_lr)
         self.policy_flat = self.policy_optimizer.flat
 
@@ -287,5 +348,5 @@ class HPG(HTRPO):
         surrogate = self.surrogate(batch)
         self.policy_optimizer.minimize(-surrogate * mpi.size())  # averaged over ranks: the global sum
         with torch.no_grad():
-            kl = global_sum(float(self.divergence(batch)))[0]
+            kl = global_sum(float(self.divergence(batch)))[0]  # QKL in HTRPO's units, for comparison
         return {"surrogate": float(global_sum(float(surrogate))[0]), "kl": kl}

@@ -8,6 +8,12 @@ under the episode's own goal (the per-decision importance weights of hindsight d
 
 Everything that must agree across ranks goes through :mod:`her_mpi.mpi`: sums for normalising
 weights and advantages, and gradients.
+
+The ratio's reference is the policy that collected the batch: an iteration computes every "old"
+log-probability (for relabelled copies: the collecting parameters under the copy's goal) and
+learns with the normalizer statistics the batch was collected with, and only then adds the batch
+to the normalizers. (Updating them first would silently move the reference away from the
+collecting policy: the ratio would start at 1 for a policy that never acted.)
 """
 
 from __future__ import annotations
@@ -21,16 +27,17 @@ import torch
 from her_mpi import mpi
 from her_mpi.algos.base import Agent
 from her_mpi.algos.policies import CategoricalPolicy, GaussianPolicy
+from her_mpi.cnn import network_body
 from her_mpi.config import check
 from her_mpi.envs import EnvSpec
-from her_mpi.nets import ActionScaler, DeployablePolicy, GreedyAction, mlp
+from her_mpi.nets import ActionScaler, DeployablePolicy, GreedyAction
 from her_mpi.optim import SyncedAdam
 from her_mpi.rollout import Episodes
 
 
 @dataclass
 class OnPolicyParams:
-    hidden: list[int] = field(default_factory=lambda: [64, 64])
+    hidden: list[int] = field(default_factory=lambda: [64, 64])  # image observations: the FC layers after the convs
     activation: str = "tanh"
     gamma: float = 0.98
     hindsight: bool = True  # off: the plain algorithm (TRPO / PPO) on the original goals only
@@ -104,13 +111,15 @@ class OnPolicyAgent(Agent):
         super().__init__(spec, config, goal_fns, seed_sequence)
         p = self.params
         if spec.discrete:
-            self.policy_net = CategoricalPolicy(self.inputs.out_dim, p.hidden, spec.n_actions, p.activation)
+            logits = network_body(spec, self.inputs.out_dim, p.hidden, spec.n_actions, p.activation)
+            self.policy_net = CategoricalPolicy(logits, spec.n_actions)
             self.head = GreedyAction()
         else:
-            self.policy_net = GaussianPolicy(self.inputs.out_dim, p.hidden, spec.action_dim, p.activation,
-                                             log_std_init=p.log_std_init)
+            mean = network_body(spec, self.inputs.out_dim, p.hidden, spec.action_dim, p.activation,
+                                output_activation=torch.nn.Tanh)
+            self.policy_net = GaussianPolicy(mean, spec.action_dim, log_std_init=p.log_std_init)
             self.head = ActionScaler(spec.action_low, spec.action_high)
-        self.value_net = mlp(self.inputs.out_dim, p.hidden, 1, p.activation)
+        self.value_net = network_body(spec, self.inputs.out_dim, p.hidden, 1, p.activation)
         self.value_optimizer = SyncedAdam(self.value_net, p.critic_lr)
         self.nets.update({"policy": self.policy_net, "value": self.value_net})
         self.n_iterations = 0
@@ -133,7 +142,8 @@ class OnPolicyAgent(Agent):
     # -- helpers shared by the algorithms ------------------------------------------------------
 
     def update_normalizers(self, episodes: Episodes, extra_goals: np.ndarray | None = None) -> None:
-        """Statistics of the observations and of every goal the policy will be conditioned on."""
+        """Statistics of the observations and of every goal the policy will be conditioned on
+        (collective). Called after the iteration's updates: see the module docstring."""
         valid = np.arange(episodes.obs.shape[1])[None, :] <= episodes.lengths[:, None]
         goals = [episodes.g[valid], episodes.ag[valid]]
         if extra_goals is not None and len(extra_goals):
@@ -143,16 +153,14 @@ class OnPolicyAgent(Agent):
         self.inputs.sync()
 
     def row_tensors(self, episodes: Episodes, data: Relabelled) -> dict[str, torch.Tensor]:
-        """Network inputs of the valid rows: under the copy's goal, next state, own goal."""
+        """Network inputs of the valid rows under the copy's goal (now and at the next state)."""
         copy, t = data.rows
         ep = data.source[copy]
-        obs = torch.from_numpy(episodes.obs[ep, t])
-        obs_next = torch.from_numpy(episodes.obs[ep, t + 1])
         with torch.no_grad():
-            x = self.inputs(obs, torch.from_numpy(data.goals[copy, t]))
-            x_next = self.inputs(obs_next, torch.from_numpy(data.goals[copy, t + 1]))
-            x_own = self.inputs(obs, torch.from_numpy(episodes.g[ep, t]))
-        return {"x": x, "x_next": x_next, "x_own": x_own,
+            x = self.inputs(torch.from_numpy(episodes.obs[ep, t]), torch.from_numpy(data.goals[copy, t]))
+            x_next = self.inputs(torch.from_numpy(episodes.obs[ep, t + 1]),
+                                 torch.from_numpy(data.goals[copy, t + 1]))
+        return {"x": x, "x_next": x_next,
                 "actions": torch.from_numpy(episodes.actions[ep, t]),
                 "terminal": torch.from_numpy(data.terminal[copy, t].astype(np.float32)),
                 "t": torch.from_numpy(t)}

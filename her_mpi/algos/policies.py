@@ -3,7 +3,9 @@
 Both take the normalised (observation, goal) input. ``forward`` is the deterministic action
 (what evaluation and ONNX export use); ``log_prob``, ``sample``, ``entropy`` and ``kl`` serve the
 updates. Distribution parameters are plain tensors so an "old" policy is just a detached copy
-of them (``params``), with no second network.
+of them (``params``), with no second network. Each wraps a network built for the env (an MLP, or
+a CNN for image observations: :func:`her_mpi.cnn.network_body`) from the shared input path to
+the distribution's parameters.
 """
 
 from __future__ import annotations
@@ -13,16 +15,17 @@ import math
 import torch
 from torch import nn
 
-from her_mpi.nets import mlp
 
 
 class GaussianPolicy(nn.Module):
-    """Diagonal Gaussian with a tanh-bounded mean and a state-independent log-std (HTRPO)."""
+    """Diagonal Gaussian with a tanh-bounded mean and a state-independent log-std (HTRPO).
 
-    def __init__(self, in_dim: int, hidden: list[int], action_dim: int, activation: str = "tanh",
-                 log_std_init: float = 0.0, log_std_min: float = math.log(0.1)):
+    ``mean_net`` maps the input to the mean and must end in tanh."""
+
+    def __init__(self, mean_net: nn.Module, action_dim: int, log_std_init: float = 0.0,
+                 log_std_min: float = math.log(0.1)):
         super().__init__()
-        self.mean_net = mlp(in_dim, hidden, action_dim, activation, output_activation=nn.Tanh)
+        self.mean_net = mean_net
         self.log_std = nn.Parameter(torch.full((action_dim,), float(log_std_init)))
         self.log_std_min = log_std_min
 
@@ -58,12 +61,13 @@ class GaussianPolicy(nn.Module):
 
 
 class CategoricalPolicy(nn.Module):
-    """Softmax over discrete actions, mixed with a small uniform floor so no probability is 0."""
+    """Softmax over discrete actions, mixed with a small uniform floor so no probability is 0.
 
-    def __init__(self, in_dim: int, hidden: list[int], n_actions: int, activation: str = "tanh",
-                 probability_floor: float = 1e-3):
+    ``logits_net`` maps the input to one logit per action."""
+
+    def __init__(self, logits_net: nn.Module, n_actions: int, probability_floor: float = 1e-3):
         super().__init__()
-        self.logits_net = mlp(in_dim, hidden, n_actions, activation)
+        self.logits_net = logits_net
         self.n_actions, self.floor = n_actions, probability_floor
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,11 @@ are GAE, and the usual clipped PPO update runs on originals and copies together.
 
 Under MPI every rank uses the same number of minibatches per epoch (from the global row
 count), gradients are averaged, and the target-KL early stop is decided on the global mean.
+
+The ratio's reference is the collecting policy: log-probabilities and values are computed with
+the normalizer statistics the batch was collected with, which take in the batch only after the
+update. The target-KL stop is checked on each minibatch before its step (Stable-Baselines3's
+order), so no step is taken once the policy has moved too far.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ class PPOParams(OnPolicyParams):
     n_epochs: int = 10
     minibatch_size: int = 64  # per rank
     clip_range: float = 0.2
-    target_kl: float = 0.05  # stop the epochs once the mean KL exceeds 1.5x this (0: never)
+    target_kl: float = 0.05  # stop before a minibatch step once its mean KL exceeds 1.5x this (0: never)
     entropy_coef: float = 0.0
     max_grad_norm: float = 0.5
     strategy: str = "final"  # final | future | episode
@@ -93,7 +98,6 @@ class PPO(OnPolicyAgent):
             extra_source, extra_goals = self.hindsight_goals(episodes)
             source = np.concatenate([source, extra_source])
             goals = np.concatenate([goals, np.repeat(extra_goals[:, None, :], T + 1, axis=1)])
-        self.update_normalizers(episodes)
         data = relabel(episodes, source, goals, self.goal_fns.success)
         batch = self.row_tensors(episodes, data)
         with torch.no_grad():  # log-probs and values of the kept actions under each copy's goal
@@ -103,8 +107,10 @@ class PPO(OnPolicyAgent):
         advantages = gae(data, self.rewards(episodes, data), value.numpy(), next_value.numpy(), p.gamma, p.gae_lambda)
         batch["advantages"] = torch.from_numpy(advantages)
         batch["returns"] = batch["advantages"] + value
+        del batch["x_next"]
         metrics = self.optimize(batch)
         metrics.update(rows=float(global_sum(len(batch["x"]))[0]), relabelled_copies=float(len(source) - n))
+        self.update_normalizers(episodes)  # only now: this batch's reference is the collecting policy
         self.n_iterations += 1
         return metrics
 
@@ -122,6 +128,12 @@ class PPO(OnPolicyAgent):
                     advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
                 log_prob = self.policy_net.log_prob(mb["x"], mb["actions"])
                 ratio = (log_prob - mb["old_log_prob"]).exp()
+                with torch.no_grad():  # how far the policy has moved on this minibatch, before stepping
+                    log_ratio = log_prob.detach() - mb["old_log_prob"]
+                    kl_sum, count = global_sum(float(((log_ratio.exp() - 1) - log_ratio).sum()), len(rows))
+                kls.append(kl_sum / max(count, 1))
+                if p.target_kl and kls[-1] > 1.5 * p.target_kl:
+                    break
                 policy_loss = -torch.min(ratio * advantages,
                                          ratio.clamp(1 - p.clip_range, 1 + p.clip_range) * advantages).mean()
                 entropy = self.policy_net.entropy(mb["x"]).mean() if len(rows) else torch.zeros(())
@@ -129,21 +141,14 @@ class PPO(OnPolicyAgent):
                 self.policy_optimizer.minimize(loss + 0.0 * sum(q.sum() for q in self.policy_net.parameters()))
                 value_loss = torch.nan_to_num((self.value_net(mb["x"]).squeeze(-1) - mb["returns"]).pow(2).mean())
                 self.value_optimizer.minimize(value_loss + 0.0 * sum(q.sum() for q in self.value_net.parameters()))
-                with torch.no_grad():
-                    log_ratio = log_prob.detach() - mb["old_log_prob"]
-                    kl_sum, clip_sum, count = global_sum(float(((log_ratio.exp() - 1) - log_ratio).sum()),
-                                                         float(((ratio - 1).abs() > p.clip_range).float().sum()),
-                                                         len(rows))
-                kls.append(kl_sum / max(count, 1))
+                clip_sum = global_sum(float(((ratio.detach() - 1).abs() > p.clip_range).float().sum()))[0]
                 clipped.append(clip_sum / max(count, 1))
                 losses.append((float(policy_loss.detach().nan_to_num()), float(value_loss.detach())))
-                if p.target_kl and kls[-1] > 1.5 * p.target_kl:
-                    break
             else:
                 continue
             stopped_epoch = epoch + 1
             break
-        policy_losses, value_losses = zip(*losses)
+        policy_losses, value_losses = zip(*losses) if losses else ((0.0,), (0.0,))
         return {"policy_loss": float(np.mean(policy_losses)), "value_loss": float(np.mean(value_losses)),
-                "approx_kl": float(np.mean(kls)), "clip_fraction": float(np.mean(clipped)),
-                "epochs": float(stopped_epoch)}
+                "approx_kl": float(np.mean(kls)), "clip_fraction": float(np.mean(clipped)) if clipped else 0.0,
+                "epochs": float(stopped_epoch), "minibatch_steps": float(len(losses))}

@@ -24,7 +24,14 @@ ROBOTICS_ENVS = ("FetchReach-v4", "FetchPush-v4", "FetchPickAndPlace-v4", "Fetch
 OWN_ENVS = {
     "BitFlipping-v0": "her_mpi.envs.bit_flipping:BitFlippingEnv",
     "PredatorPrey-v0": "her_mpi.envs.predator_prey:PredatorPreyEnv",
+    # HTRPO's discrete-action Fetch tasks (velocity-difference control) and goal-conditioned Ms. Pac-Man
+    "FetchReachDiscrete-v0": "her_mpi.envs.fetch_discrete:FetchDiscreteEnv",
+    "FetchPushDiscrete-v0": "her_mpi.envs.fetch_discrete:FetchDiscreteEnv",
+    "FetchSlideDiscrete-v0": "her_mpi.envs.fetch_discrete:FetchDiscreteEnv",
+    "MsPacmanGoal-v0": "her_mpi.envs.ms_pacman:MsPacmanGoalEnv",
 }
+OWN_ENV_KWARGS = {env_id: {"task": env_id} for env_id in
+                  ("FetchReachDiscrete-v0", "FetchPushDiscrete-v0", "FetchSlideDiscrete-v0")}
 GOAL_KEYS = ("observation", "achieved_goal", "desired_goal")
 
 
@@ -32,7 +39,7 @@ def register_envs() -> None:
     """Register gymnasium-robotics and our own envs with gymnasium (idempotent)."""
     for env_id, entry_point in OWN_ENVS.items():
         if env_id not in gym.registry:
-            gym.register(env_id, entry_point=entry_point)
+            gym.register(env_id, entry_point=entry_point, kwargs=OWN_ENV_KWARGS.get(env_id, {}))
     with contextlib.redirect_stderr(io.StringIO()):  # its import prints an unrelated notice
         import gymnasium_robotics
     gym.register_envs(gymnasium_robotics)
@@ -57,6 +64,10 @@ class EnvSpec:
     # Per-step rewards at the goal and far from it, e.g. (-1, 0) sparse Fetch, (0, 1) predator-prey:
     # bounds the returns, which off-policy targets are clipped to.
     reward_bounds: tuple = (-1.0, 0.0)
+    # Image observations: their (channels, height, width); () for flat vectors. Observations are
+    # always stored flat (obs_dim values per step); networks for images reshape them.
+    obs_shape: tuple = ()
+    obs_dtype: str = "float32"  # "uint8" for images: stored as bytes, scaled at the network
 
     def scale_action(self, unit_action: np.ndarray) -> np.ndarray:
         """Map actions in [-1, 1] (what continuous policies output) to the env's bounds."""
@@ -110,6 +121,8 @@ def env_spec(env: gym.Env, env_id: str) -> EnvSpec:
         raise ConfigError(f"env.max_episode_steps: {env_id} has no registered horizon; set one")
     action = env.action_space
     discrete = isinstance(action, gym.spaces.Discrete)
+    observation = space["observation"]
+    image = len(observation.shape) == 3
     return EnvSpec(
         env_id=env_id,
         obs_dim=int(np.prod(space["observation"].shape)),
@@ -122,6 +135,8 @@ def env_spec(env: gym.Env, env_id: str) -> EnvSpec:
         horizon=int(horizon),
         control_period=float(getattr(env.unwrapped, "dt", 0.0) or 0.0),
         reward_bounds=reward_bounds(env),
+        obs_shape=tuple(int(d) for d in observation.shape) if image else (),
+        obs_dtype="uint8" if observation.dtype == np.uint8 else "float32",
     )
 
 

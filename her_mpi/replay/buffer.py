@@ -6,6 +6,13 @@ the same episode (``future``: a later step; ``final``: its last step; ``episode`
 any stored episode (``random``). Rewards and terminal flags are recomputed for the whole batch in
 one vectorised call to the env's functions, so relabelled rewards are always consistent.
 
+Goals may move during an episode (the prey in predator-prey): ``g`` has T+1 entries and the env
+judges step t against the goal after it, g[t+1]. A transition that keeps its stored goal is
+therefore pursued towards g[t] (the policy's input) but rewarded against g[t+1], which is also
+the goal of its next input; a relabelled goal stays fixed. At the horizon's last step of an
+episode that ran out of time, the env's time-out reward (predator-prey: -1) is added, as the env
+paid it.
+
 Prioritized replay keeps one priority per stored transition (slot ``e * T + t``). A relabelled
 goal is drawn afresh every time the transition is sampled, so its priority is the latest |TD|
 of that transition under whichever goal it was replayed with: an estimate of how much the
@@ -93,11 +100,15 @@ class EpisodeStore:
     """Rectangular episode arrays (capacity episodes x horizon) with HER transition sampling."""
 
     def __init__(self, capacity: int, horizon: int, obs_dim: int, goal_dim: int, action_dim: int,
-                 discrete: bool, reward_fn: GoalFunction, terminal_fn: GoalFunction | None = None):
+                 discrete: bool, reward_fn: GoalFunction, terminal_fn: GoalFunction | None = None,
+                 obs_dtype=np.float32, timeout_reward: float = 0.0):
+        """``obs_dtype``: uint8 keeps image observations at a quarter of float32's memory;
+        ``timeout_reward``: the env's reward for running out of time (module docstring)."""
         self.capacity, self.horizon = int(capacity), int(horizon)
         self.reward_fn, self.terminal_fn = reward_fn, terminal_fn
+        self.timeout_reward = float(timeout_reward)
         T = self.horizon
-        self.obs = np.zeros((capacity, T + 1, obs_dim), np.float32)
+        self.obs = np.zeros((capacity, T + 1, obs_dim), obs_dtype)
         self.ag = np.zeros((capacity, T + 1, goal_dim), np.float32)
         self.g = np.zeros((capacity, T + 1, goal_dim), np.float32)
         self.actions = np.zeros((capacity, T, action_dim), np.int64 if discrete else np.float32)
@@ -108,10 +119,11 @@ class EpisodeStore:
 
     @classmethod
     def from_episodes(cls, episodes: Episodes, reward_fn: GoalFunction,
-                      terminal_fn: GoalFunction | None = None) -> "EpisodeStore":
+                      terminal_fn: GoalFunction | None = None, timeout_reward: float = 0.0) -> "EpisodeStore":
         n, T1, od = episodes.obs.shape
         store = cls(n, T1 - 1, od, episodes.g.shape[-1], episodes.actions.shape[-1],
-                    episodes.actions.dtype.kind == "i", reward_fn, terminal_fn)
+                    episodes.actions.dtype.kind == "i", reward_fn, terminal_fn,
+                    obs_dtype=episodes.obs.dtype, timeout_reward=timeout_reward)
         store.store(episodes)
         return store
 
@@ -149,23 +161,35 @@ class EpisodeStore:
         goals[relabel] = self.ag[source_ep, source_t]
         return goals, relabel
 
-    def transitions(self, episode: np.ndarray, t: np.ndarray, goals: np.ndarray) -> dict:
-        """The batch for transitions (episode, t) pursued towards ``goals``."""
+    def transitions(self, episode: np.ndarray, t: np.ndarray, goals: np.ndarray,
+                    relabelled: np.ndarray | None = None) -> dict:
+        """The batch for transitions (episode, t) pursued towards ``goals``.
+
+        ``relabelled`` marks the goals that replaced the stored ones (fixed goals); the others are
+        the stored g[t], and their reward, terminal flag and next input use the stored g[t+1].
+        None: every goal is relabelled (fixed)."""
         ag_next = self.ag[episode, t + 1]
-        batch = {
+        g_next = goals
+        if relabelled is not None and not relabelled.all():
+            g_next = np.where(relabelled[:, None], goals, self.g[episode, t + 1])
+        rewards = np.asarray(self.reward_fn(ag_next, g_next), np.float32).reshape(len(t))
+        terminals = self.terminal_fn(ag_next, g_next) if self.terminal_fn is not None else 0.0
+        terminals = np.broadcast_to(np.asarray(terminals, np.float32), (len(t),)).copy()
+        if self.timeout_reward:
+            length = self.lengths[episode]
+            timed_out = (length == self.horizon) & (t == length - 1) & (terminals == 0)
+            rewards = rewards + np.where(timed_out, np.float32(self.timeout_reward), np.float32(0))
+        return {
             "obs": self.obs[episode, t], "obs_next": self.obs[episode, t + 1],
             "ag": self.ag[episode, t], "ag_next": ag_next,
-            "g": goals, "actions": self.actions[episode, t],
-            "rewards": np.asarray(self.reward_fn(ag_next, goals), np.float32),
+            "g": goals, "g_next": g_next, "actions": self.actions[episode, t],
+            "rewards": rewards, "terminals": terminals,
         }
-        terminals = self.terminal_fn(ag_next, goals) if self.terminal_fn is not None else 0.0
-        batch["terminals"] = np.broadcast_to(np.asarray(terminals, np.float32), (len(t),)).copy()
-        return batch
 
     def sample(self, batch_size: int, strategy: str, replay_k: int, rng: np.random.Generator) -> dict:
         episode, t = self.sample_indices(batch_size, rng)
         goals, relabelled = self.hindsight_goals(episode, t, strategy, replay_k, rng)
-        batch = self.transitions(episode, t, goals)
+        batch = self.transitions(episode, t, goals, relabelled)
         batch["relabelled"] = relabelled
         return batch
 
@@ -176,9 +200,11 @@ class ReplayBuffer(EpisodeStore):
     def __init__(self, size_transitions: int, horizon: int, obs_dim: int, goal_dim: int,
                  action_dim: int, discrete: bool, reward_fn: GoalFunction,
                  terminal_fn: GoalFunction | None = None, prioritized: bool = False,
-                 alpha: float = 0.6, priority_eps: float = 1e-6):
+                 alpha: float = 0.6, priority_eps: float = 1e-6, obs_dtype=np.float32,
+                 timeout_reward: float = 0.0):
         capacity = max(1, size_transitions // horizon)
-        super().__init__(capacity, horizon, obs_dim, goal_dim, action_dim, discrete, reward_fn, terminal_fn)
+        super().__init__(capacity, horizon, obs_dim, goal_dim, action_dim, discrete, reward_fn, terminal_fn,
+                         obs_dtype=obs_dtype, timeout_reward=timeout_reward)
         self.priorities = PrioritySampler(capacity * horizon, alpha, priority_eps) if prioritized else None
 
     def store(self, episodes: Episodes) -> np.ndarray:
@@ -196,7 +222,7 @@ class ReplayBuffer(EpisodeStore):
         flat = self.priorities.sample(batch_size, rng)
         episode, t = np.divmod(flat, self.horizon)
         goals, relabelled = self.hindsight_goals(episode, t, strategy, replay_k, rng)
-        batch = self.transitions(episode, t, goals)
+        batch = self.transitions(episode, t, goals, relabelled)
         batch.update(relabelled=relabelled, indices=flat,
                      weights=self.priorities.weights(flat, self.n_transitions, beta))
         return batch

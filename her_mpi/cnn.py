@@ -1,0 +1,116 @@
+"""Networks for image observations (goal-conditioned Ms. Pac-Man): the HTRPO paper's CNN.
+
+Image observations travel through rollouts and replay as flat uint8 rows (4x84x84 = 28,224
+bytes per step instead of 112,896 as float32). They become float only at the network:
+:class:`ImageGoalInput` scales pixels to [0, 1] (no running statistics: a pixel's scale is
+known, and per-pixel normalisation would blow up the always-black borders) and normalises the
+goal as usual, then concatenates both, so every algorithm keeps its one input tensor ``x``.
+:class:`ConvGoalNet` splits ``x`` again: the image goes through three convolutions (8 filters
+8x8 stride 4, 16 filters 4x4 stride 2, 16 filters 3x3 stride 2, as in the HTRPO authors' code),
+the goal is concatenated to the flattened features, then fully connected layers (3x32 in the
+paper). :func:`network_body` picks this or an MLP from the env's spec, for policies, critics
+and Q-networks alike.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from her_mpi.config import NormalizerConfig
+from her_mpi.nets import ACTIVATIONS, GoalConditionedInput, mlp
+from her_mpi.normalizer import Normalizer
+
+# (filters, kernel, stride) of the paper's three convolutions
+CONV_LAYERS = ((8, 8, 4), (16, 4, 2), (16, 3, 2))
+PIXEL_MAX = 255.0
+
+
+def is_image(spec) -> bool:
+    """Whether an env's observations are images (channels, height, width)."""
+    return len(getattr(spec, "obs_shape", ()) or ()) == 3
+
+
+class PixelScale(nn.Module):
+    """Stands in for the observation normalizer of image inputs: a fixed scale, no statistics.
+
+    ``observe``/``sync`` accept the same calls as :class:`~her_mpi.normalizer.Normalizer` and do
+    nothing, so the algorithms' normalizer updates need no special case."""
+
+    def observe(self, x) -> None:
+        pass
+
+    def sync(self) -> None:
+        pass
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flatten(1).to(torch.float32) / PIXEL_MAX
+
+
+class ImageGoalInput(nn.Module):
+    """(image observation, desired_goal) -> [pixels / 255, normalised goal] concatenated.
+
+    The observation may come flat ([batch, C*H*W], as stored) or as images ([batch, C, H, W], as
+    exported), uint8 or float with values in [0, 255]."""
+
+    def __init__(self, obs_shape: tuple, goal_dim: int, cfg: NormalizerConfig):
+        super().__init__()
+        self.obs_shape = tuple(int(d) for d in obs_shape)
+        self.obs_dim = int(torch.Size(self.obs_shape).numel())
+        self.obs_normalizer = PixelScale()
+        self.goal_normalizer = Normalizer(goal_dim, eps=cfg.eps, clip=cfg.clip, clip_raw=cfg.clip_obs,
+                                          enabled=cfg.enabled)
+        self.out_dim = self.obs_dim + goal_dim
+
+    def forward(self, obs: torch.Tensor, goal: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.obs_normalizer(obs), self.goal_normalizer(goal)], dim=-1)
+
+    def observe(self, obs, goal) -> None:
+        self.goal_normalizer.observe(goal)
+
+    def sync(self) -> None:
+        self.goal_normalizer.sync()
+
+
+class ConvGoalNet(nn.Module):
+    """x = [image pixels (flat), goal] -> convolutions on the image, goal appended, FC layers."""
+
+    def __init__(self, obs_shape: tuple, goal_dim: int, hidden: list[int], out_dim: int,
+                 activation: str = "relu", output_activation: type[nn.Module] | None = None):
+        super().__init__()
+        channels, height, width = (int(d) for d in obs_shape)
+        self.obs_shape, self.obs_dim = (channels, height, width), channels * height * width
+        layers, last = [], channels
+        for filters, kernel, stride in CONV_LAYERS:
+            conv = nn.Conv2d(last, filters, kernel, stride)
+            nn.init.xavier_uniform_(conv.weight)
+            nn.init.zeros_(conv.bias)
+            layers += [conv, ACTIVATIONS[activation]()]
+            last = filters
+            height, width = (height - kernel) // stride + 1, (width - kernel) // stride + 1
+            if height < 1 or width < 1:
+                raise ValueError(f"image observations of shape {tuple(obs_shape)} are too small for "
+                                 f"the convolutions {CONV_LAYERS}; expected at least 36x36")
+        self.convs = nn.Sequential(*layers, nn.Flatten())
+        self.features = last * height * width
+        self.head = mlp(self.features + goal_dim, hidden, out_dim, activation, output_activation)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        image = x[:, : self.obs_dim].reshape(-1, *self.obs_shape)
+        return self.head(torch.cat([self.convs(image), x[:, self.obs_dim:]], dim=-1))
+
+
+def network_body(spec, in_dim: int, hidden: list[int], out_dim: int, activation: str = "relu",
+                 output_activation: type[nn.Module] | None = None) -> nn.Module:
+    """The network from the input path's output to ``out_dim`` values: the CNN for image
+    observations (``hidden`` = its FC layers), else an MLP."""
+    if is_image(spec):
+        return ConvGoalNet(spec.obs_shape, spec.goal_dim, hidden, out_dim, activation, output_activation)
+    return mlp(in_dim, hidden, out_dim, activation, output_activation)
+
+
+def goal_conditioned_input(spec, cfg: NormalizerConfig) -> nn.Module:
+    """The input path for an env: pixels scaled for images, running normalisation otherwise."""
+    if is_image(spec):
+        return ImageGoalInput(spec.obs_shape, spec.goal_dim, cfg)
+    return GoalConditionedInput(spec.obs_dim, spec.goal_dim, cfg)
