@@ -200,6 +200,7 @@ class PolicyControllerLogic:
         elif np.abs(values).max() > FLOAT32_MAX:
             problem = f"holds {np.abs(values).max():g}, beyond float32's range (|x| <= {FLOAT32_MAX:.4g})"
         if problem is None:
+            self.stats.accepted += 1
             return values.astype(np.float32)
         self.stats.rejected += 1
         self.get_logger().warning(f"rejected {name} message: it {problem}", throttle_duration_sec=WARN_THROTTLE_S)

@@ -39,6 +39,7 @@ class ControlStats:
         self.published = 0  # actions published, safe ones included
         self.safe = 0  # safe actions published (stale inputs, deactivation, inference errors)
         self.stale = 0  # ticks whose observation or goal was missing or older than the timeout
+        self.accepted = 0  # input messages (observations and goals) that reached the controller
         self.rejected = 0  # input messages refused (wrong length, NaN/Inf, beyond float32)
         self.errors = 0  # inferences that raised or gave a non-finite / out-of-range action
         self.inferences = 0
@@ -106,6 +107,7 @@ def diagnostic_array(stamp, name: str, state: str, nominal_rate_hz: float, stats
         "actions_published": str(stats.published),
         "safe_actions_published": str(stats.safe),
         "stale_inputs": str(stats.stale),
+        "accepted_inputs": str(stats.accepted),
         "rejected_inputs": str(stats.rejected),
         "inference_errors": str(stats.errors),
         "policy_sha256": identity.get("sha256", ""),
