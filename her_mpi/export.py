@@ -1,7 +1,8 @@
 """``python -m her_mpi.export --checkpoint RUN/checkpoints/best.pt --output policy.onnx``
 
-Writes one self-contained ONNX file: inputs ``observation`` [batch, obs_dim] and ``desired_goal``
-[batch, goal_dim] (float32, any batch size), output ``action`` [batch, action_dim] in the env's
+Writes one self-contained ONNX file: inputs ``observation`` [batch, obs_dim] (image policies:
+[batch, channels, height, width], pixel values 0-255) and ``desired_goal`` [batch, goal_dim]
+(float32, any batch size), output ``action`` [batch, action_dim] in the env's
 units (float32), or the greedy action index [batch, 1] (int64) for discrete policies. The graph
 is the policy module the agent acts with in training (clip, normalise, clip, network, scale), so
 nothing has to be re-implemented on the robot. Metadata (algorithm, env, dims, bounds, control
@@ -58,7 +59,7 @@ def export_policy(policy: torch.nn.Module, obs_dim: int, goal_dim: int, meta: di
     """The ONNX ModelProto of ``policy`` with a dynamic batch dimension and ``meta`` attached."""
     policy = policy.eval()
     # A batch-1 example can freeze the batch dimension; export with several rows.
-    example = (torch.randn(4, obs_dim), torch.randn(4, goal_dim))
+    example = (torch.randn(4, *observation_shape(policy, obs_dim)), torch.randn(4, goal_dim))
     batch = torch.export.Dim("batch")
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # "torchvision is not installed" notes
     with warnings.catch_warnings():
@@ -76,10 +77,19 @@ def export_policy(policy: torch.nn.Module, obs_dim: int, goal_dim: int, meta: di
     return model
 
 
+def observation_shape(policy, obs_dim: int) -> tuple:
+    """The observation input's shape after the batch: (obs_dim,), or an image's (C, H, W)."""
+    return tuple(getattr(policy.inputs, "obs_shape", None) or (obs_dim,))
+
+
 def random_inputs(policy, obs_dim: int, goal_dim: int, batch: int, rng: np.random.Generator):
-    """Inputs spread like the training data (normaliser statistics), some beyond the clip range."""
+    """Inputs spread like the training data (normaliser statistics), some beyond the clip range;
+    images get random pixel values."""
     inputs = policy.inputs
-    obs = inputs.obs_normalizer.mean.numpy() + 3 * inputs.obs_normalizer.std.numpy() * rng.standard_normal((batch, obs_dim))
+    if hasattr(inputs, "obs_shape"):
+        obs = rng.integers(0, 256, (batch, *inputs.obs_shape))
+    else:
+        obs = inputs.obs_normalizer.mean.numpy() + 3 * inputs.obs_normalizer.std.numpy() * rng.standard_normal((batch, obs_dim))
     goal = inputs.goal_normalizer.mean.numpy() + 3 * inputs.goal_normalizer.std.numpy() * rng.standard_normal((batch, goal_dim))
     return obs.astype(np.float32), goal.astype(np.float32)
 
