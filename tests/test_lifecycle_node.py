@@ -8,12 +8,15 @@ import weakref
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 rclpy = pytest.importorskip("rclpy")  # in the ros and test extras
 from lifecycle_msgs.msg import Transition  # noqa: E402
 from lifecycle_msgs.srv import ChangeState, GetState  # noqa: E402
 from rclpy.lifecycle import TransitionCallbackReturn  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
+from std_msgs.msg import Float64MultiArray  # noqa: E402
 
 from deploy_policies import exported_policy  # noqa: E402
 from her_mpi_runtime import Policy  # noqa: E402
@@ -159,3 +162,60 @@ def test_diagnostics_in_every_state(managed, policy_file):
     assert lc.transition(Transition.TRANSITION_DEACTIVATE)
     values = h.next_diagnostics()
     assert values["state"] == "inactive" and int(values["safe_actions_published"]) >= 1
+
+
+# Which trigger moves the node from which state, and where to (every other trigger is refused).
+TRANSITIONS = {("unconfigured", "configure"): "inactive", ("inactive", "activate"): "active",
+               ("active", "deactivate"): "inactive", ("inactive", "cleanup"): "unconfigured"}
+
+
+def test_random_transition_sequences_with_fuzzed_inputs(managed, policy_file):
+    """Hypothesis drives the node through random sequences of transitions, valid or not, with good
+    and bad inputs in between: it follows the lifecycle state machine, refuses what the state does
+    not allow, commands nothing unless active (but the one safe action on deactivate), and every
+    action is finite and inside the bounds."""
+    lc = managed(input_timeout_s=0.2)
+    h, node, meta = lc.h, lc.h.node, Policy(policy_file).metadata
+    inputs = st.one_of(
+        st.just("good inputs"),
+        st.builds(lambda values: ("observation", values), st.lists(st.floats(), min_size=0, max_size=12)),
+        st.builds(lambda values: ("goal", values), st.lists(st.floats(), min_size=2, max_size=4)))
+    operation = st.one_of(st.sampled_from(["configure", "activate", "deactivate", "cleanup", "spin"]), inputs)
+    tally = {"examples": 0, "operations": 0, "refused transitions": 0}
+
+    @settings(max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(operations=st.lists(operation, min_size=1, max_size=10))
+    def check(operations):
+        tally["examples"] += 1
+        state = node.controller_state
+        for op in operations:
+            tally["operations"] += 1
+            since, published, safe = h.action_count, node.stats.published, node.stats.safe
+            if op in ("configure", "activate", "deactivate", "cleanup"):
+                result = getattr(node, f"trigger_{op}")()
+                target = TRANSITIONS.get((state, op))
+                assert (result == TransitionCallbackReturn.SUCCESS) == (target is not None), (state, op, result)
+                tally["refused transitions"] += target is None
+                if op == "deactivate" and target:
+                    assert node.stats.safe == safe + 1 and node.stats.published == published + 1
+                state = target or state
+                assert node.controller_state == state
+                continue
+            if op == "good inputs":
+                h.send(OBS, GOAL)
+            elif op != "spin" and node.policy is not None:
+                publisher = h.observation if op[0] == "observation" else h.goal
+                publisher.publish(Float64MultiArray(data=op[1]))
+            h.spin(0.03)
+            if state != "active":
+                assert node.stats.published == published, f"published while {state}"
+            for action in list(h.actions)[len(h.actions) - (h.action_count - since):]:
+                assert action.shape == (meta.action_dim,) and np.all(np.isfinite(action))
+                assert np.all(action >= meta.action_low) and np.all(action <= meta.action_high)
+        for op in {"active": ["deactivate", "cleanup"], "inactive": ["cleanup"]}.get(state, []):
+            assert getattr(node, f"trigger_{op}")() == TransitionCallbackReturn.SUCCESS
+        assert node.controller_state == "unconfigured" and node.policy is None
+
+    check()
+    print(f"\nlifecycle fuzz: {tally}")
+    assert tally["refused transitions"] >= 3, tally
