@@ -210,7 +210,6 @@ def test_launch_file_declares_the_documented_arguments(monkeypatch):
     for cmd, _ in (plain, managed):
         assert "--params-file" in cmd and "__node:=her_policy_controller" in cmd
     assert "autostart" in overridden_parameters(managed[0]) - overridden_parameters(plain[0])
-    return recorded
 
 
 def test_launch_arguments_and_parameter_yaml_match_what_both_nodes_declare(monkeypatch, policy_file):
@@ -238,7 +237,7 @@ def test_launch_arguments_and_parameter_yaml_match_what_both_nodes_declare(monke
 def run_node_process(module, *args, seconds=3.0):
     code = ("import sys, threading, rclpy\n"
             f"from her_mpi_runtime import {module}\n"
-            f"threading.Timer({seconds}, lambda: rclpy.shutdown()).start()\n"
+            f"stop = threading.Timer({seconds}, lambda: rclpy.shutdown()); stop.daemon = True; stop.start()\n"
             f"sys.exit({module}.main(sys.argv))\n")
     env = dict(os.environ, ROS_DOMAIN_ID=str(random.randint(100, 230)))
     return subprocess.run([sys.executable, "-c", code, "--ros-args", "--params-file", str(PARAMS_FILE), *args],
