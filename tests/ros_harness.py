@@ -30,8 +30,15 @@ def diagnostic_values(array: DiagnosticArray) -> dict:
             **{kv.key: kv.value for kv in status.values}}
 
 
+def problems_besides_rate(message: str) -> list[str]:
+    """The problems a diagnostics message names, less a control-rate warning (a loaded machine
+    may lose a tick or five in a second; the rate itself is tested over longer windows)."""
+    return [p for p in message.split("; ") if p not in ("running", "") and not p.startswith("control rate")]
+
+
 class Harness:
-    def __init__(self, node_class, policy_file, goal_type="array", rate_hz=50.0, keep_actions=1000, **params):
+    def __init__(self, node_class, policy_file, goal_type="array", rate_hz=50.0, keep_actions=1000,
+                 keep_diagnostics=50, **params):
         self.context = new_context()
         try:
             self.node = node_class(context=self.context, model_path=str(policy_file), goal_type=goal_type,
@@ -42,7 +49,7 @@ class Harness:
         self.tester = rclpy.create_node("tester", context=self.context)
         self.actions = deque(maxlen=keep_actions)  # bounded: long bursts must not grow the test itself
         self.action_count = 0
-        self.diagnostics = deque(maxlen=50)
+        self.diagnostics = deque(maxlen=keep_diagnostics)
         self.tester.create_subscription(Float64MultiArray, "action", self._on_action, 10)
         self.tester.create_subscription(DiagnosticArray, "/diagnostics",
                                         lambda m: self.diagnostics.append((time.monotonic(), m)), 10)

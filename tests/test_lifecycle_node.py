@@ -21,7 +21,7 @@ from std_msgs.msg import Float64MultiArray  # noqa: E402
 from deploy_policies import exported_policy  # noqa: E402
 from her_mpi_runtime import Policy  # noqa: E402
 from her_mpi_runtime.lifecycle_node import ManagedPolicyController  # noqa: E402
-from ros_harness import Harness  # noqa: E402
+from ros_harness import Harness, problems_besides_rate  # noqa: E402
 
 SAFE = [0.1, -0.2, 0.0, 0.3]
 OBS, GOAL = np.linspace(0.2, 1.4, 10), np.array([1.3, 0.7, 0.5])
@@ -155,7 +155,7 @@ def test_diagnostics_in_every_state(managed, policy_file):
     assert lc.transition(Transition.TRANSITION_ACTIVATE)
     lc.feed(1.2)
     values = h.next_diagnostics(publish=lambda: h.send(OBS, GOAL))
-    assert values["state"] == "active" and values["message"] == "running", values["message"]
+    assert values["state"] == "active" and not problems_besides_rate(values["message"]), values["message"]
     assert float(values["inference_latency_p50_us"]) > 0 and int(values["inferences"]) > 0
     assert abs(float(values["rate_hz_achieved"]) - 50.0) < 25.0  # loosely: the rate test is in test_ros_fuzz
 

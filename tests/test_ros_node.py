@@ -15,15 +15,17 @@ import yaml
 
 rclpy = pytest.importorskip("rclpy")  # in the ros and test extras; skip only on exotic platforms
 from diagnostic_msgs.msg import DiagnosticStatus  # noqa: E402
+from rclpy.time import Time  # noqa: E402
 from geometry_msgs.msg import PointStamped  # noqa: E402
 from std_msgs.msg import Float64MultiArray  # noqa: E402
 
 from conftest import ROOT, describe  # noqa: E402
 from deploy_policies import exported_policy  # noqa: E402
 from her_mpi_runtime import Policy  # noqa: E402
+from her_mpi_runtime.diagnostics import ControlStats, Window, diagnostic_array  # noqa: E402
 from her_mpi_runtime.lifecycle_node import ManagedPolicyController  # noqa: E402
 from her_mpi_runtime.ros_node import PolicyController  # noqa: E402
-from ros_harness import Harness, new_context  # noqa: E402
+from ros_harness import Harness, new_context, problems_besides_rate  # noqa: E402
 
 LAUNCH_FILE = ROOT / "launch" / "policy_controller.launch.py"
 PARAMS_FILE = ROOT / "launch" / "policy_controller.yaml"
@@ -103,7 +105,9 @@ def test_actions_are_clipped_to_the_bounds(harness):
 def test_bad_parameters_fail_clearly(policy_file):
     context = new_context()
     cases = [({"model_path": ""}, "model_path is required"),
-             ({"safe_action": [0.0]}, "safe_action must hold 4"),
+             ({"safe_action": [0.0]}, r"safe_action must be a list of 4 finite numbers \(the policy's action size\), got \[0.0\]"),
+             ({"safe_action": "stop"}, "safe_action must be a list of 4 finite numbers, got 'stop'"),
+             ({"safe_action": [True, False, True, False]}, "safe_action must be a list of 4 finite numbers"),
              ({"safe_action": [0.0, 0.0, 2.0, 0.0]}, r"outside the policy's action bounds"),
              ({"goal_type": "vector"}, "goal_type must be one of array, point, pose, got 'vector'"),
              ({"trigger": "sometimes"}, "trigger must be one of timer, observation, got 'sometimes'"),
@@ -128,7 +132,8 @@ def test_diagnostics_report_rate_latency_counts_and_the_policy_id(harness, polic
     h.spin(1.2, publish=lambda: h.send(obs, goal))
     values = h.next_diagnostics(publish=lambda: h.send(obs, goal))
     assert values["name"] == "her_policy_controller: policy controller"
-    assert values["state"] == "active" and values["level"] == DiagnosticStatus.OK, values["message"]
+    assert values["state"] == "active" and not problems_besides_rate(values["message"]), values["message"]
+    assert values["level"] in (DiagnosticStatus.OK, DiagnosticStatus.WARN)
     assert values["policy_sha256"] == identity["sha256"] and len(identity["sha256"]) == 64
     assert (values["policy_env_id"], values["policy_algo"]) == ("FetchReach-v4", "ddpg")
     assert int(values["policy_train_env_steps"]) == identity["train_env_steps"] > 0
@@ -143,6 +148,40 @@ def test_diagnostics_report_rate_latency_counts_and_the_policy_id(harness, polic
     values = h.next_diagnostics()
     assert int(values["stale_inputs"]) > 0 and values["level"] == DiagnosticStatus.WARN, values
     assert "stale" in values["message"]
+
+
+def window(**counts):
+    return Window(**{"seconds": 1.0, "published": 50, "stale": 0, "rejected": 0, "errors": 0, **counts})
+
+
+def test_diagnostic_levels_follow_the_window():
+    stamp = Time().to_msg()
+
+    def status(state="active", **counts):
+        (status,) = diagnostic_array(stamp, "n", state, 50.0, ControlStats(), window(**counts), None).status
+        return status.level, status.message
+
+    assert status() == (DiagnosticStatus.OK, "running")
+    assert status(published=46) == (DiagnosticStatus.OK, "running")  # within 10%
+    assert status(published=44) == (DiagnosticStatus.WARN, "control rate 44.0 Hz, nominal 50 Hz")
+    assert status(published=56)[0] == DiagnosticStatus.WARN
+    assert status(stale=3) == (DiagnosticStatus.WARN, "inputs stale or missing at 3 tick(s), safe action published")
+    assert status(rejected=2) == (DiagnosticStatus.WARN, "2 input message(s) rejected")
+    level, message = status(errors=1, rejected=1)
+    assert level == DiagnosticStatus.ERROR and message.startswith("1 inference error(s)") and "rejected" in message
+    assert status("inactive", published=0) == (DiagnosticStatus.OK, "inactive: policy loaded, not publishing")
+    assert status("unconfigured", published=0, stale=9) == (DiagnosticStatus.OK, "unconfigured: no policy loaded")
+
+
+def test_latency_percentiles_cover_the_last_thousand_inferences():
+    stats = ControlStats()
+    assert all(np.isnan(stats.latency_percentiles_us()))
+    for _ in range(1000):
+        stats.record_latency(1.0)  # old and slow: pushed out of the ring
+    for i in range(1000):
+        stats.record_latency((1 + i % 100) * 1e-6)
+    p50, p99 = stats.latency_percentiles_us()
+    assert 50 <= p50 <= 51 and 99 <= p99 <= 100 and stats.inferences == 2000
 
 
 # -- launch file: launch/launch_ros are not on PyPI, so check structure with recording stand-ins ---

@@ -68,7 +68,7 @@ class PolicyControllerLogic:
         self.observation = self.goal = None
         self.observation_time = self.goal_time = None
         self._stale_warned = False
-        self._entities: list = []  # subscriptions made by configure_controller
+        self._input_subscriptions: list = []  # made by configure_controller
         self._action_publisher = None
         self._control_timer = None
         self._diagnostics_publisher = self.create_publisher(
@@ -112,7 +112,7 @@ class PolicyControllerLogic:
         self.observation = self.goal = self.observation_time = self.goal_time = None
         qos = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE)
         self._action_publisher = self.make_action_publisher(param("action_topic"), qos)
-        self._entities = [
+        self._input_subscriptions = [
             self.create_subscription(Float64MultiArray, param("observation_topic"), self.on_observation, qos),
             self.create_subscription(GOAL_TYPES[goal_type], param("goal_topic"), self.on_goal, qos)]
         self.controller_state = "inactive"
@@ -123,13 +123,19 @@ class PolicyControllerLogic:
 
     @staticmethod
     def _validated_safe_action(value, meta) -> np.ndarray:
-        safe = np.zeros(meta.action_dim) if len(value) == 0 else np.asarray(value, np.float64)
+        expected = f"safe_action must be a list of {meta.action_dim} finite numbers"
+        if isinstance(value, (str, bytes, bool, int, float)) or value is None:
+            raise ValueError(f"{expected}, got {value!r}")
+        value = list(value)
+        if any(isinstance(v, (bool, str, bytes)) for v in value):
+            raise ValueError(f"{expected}, got {value}")
+        safe = np.zeros(meta.action_dim) if not value else np.asarray(value, np.float64)
         if safe.shape != (meta.action_dim,) or not np.all(np.isfinite(safe)):
-            raise ValueError(f"safe_action must hold {meta.action_dim} finite numbers, got {list(value)}")
+            raise ValueError(f"{expected} (the policy's action size), got {value}")
         if meta.discrete:
             if not (safe[0] == int(safe[0]) and 0 <= safe[0] < meta.n_actions):
                 raise ValueError(f"safe_action of a discrete policy must be an action index in "
-                                 f"[0, {meta.n_actions - 1}], got {list(value)}")
+                                 f"[0, {meta.n_actions - 1}], got {value}")
         elif np.any(safe < meta.action_low) or np.any(safe > meta.action_high):
             raise ValueError(f"safe_action {safe.tolist()} is outside the policy's action bounds "
                              f"[{meta.action_low.tolist()}, {meta.action_high.tolist()}]")
@@ -153,9 +159,9 @@ class PolicyControllerLogic:
         if self._control_timer is not None:
             self.destroy_timer(self._control_timer)
             self._control_timer = None
-        for subscription in self._entities:
+        for subscription in self._input_subscriptions:
             self.destroy_subscription(subscription)
-        self._entities = []
+        self._input_subscriptions = []
         if self._action_publisher is not None:
             self.destroy_action_publisher(self._action_publisher)
             self._action_publisher = None
