@@ -7,6 +7,7 @@ same rewards and terminal flags for the stored goals, and use g[t+1] in the next
 
 import numpy as np
 import pytest
+import torch
 
 from her_mpi.config import EnvConfig, load_config
 from her_mpi.envs import env_spec, goal_functions, make_env
@@ -115,3 +116,7 @@ def test_off_policy_agents_replay_with_the_envs_time_out_reward(env, records):
     replayed = {(float(a), float(b)): float(r) for a, b, r in zip(batch["ag"][:, 0], batch["ag_next"][:, 0],
                                                                   batch["rewards"])}
     assert replayed == paid
+    # TD targets are clipped to the return range: it must include the time-out's -1
+    assert agent.spec.reward_bounds == (-1.0, 1.0)
+    target = agent.bootstrap(torch.tensor([-1.0]), torch.tensor([0.0]), torch.tensor([0.0]))
+    assert float(target[0]) == -1.0

@@ -150,20 +150,43 @@ def test_htrpo_weights_are_the_papers_trajectory_normalised_sum():
     ag = np.array([[[0.0], [1.0], [2.0], [3.0], [4.0]], [[0.0], [-1.0], [-2.0], [-3.0], [-4.0]]], np.float32)
     episodes = predator_prey_episodes(ag, 9.0)
     batch, data = agent.build_batch(episodes, np.array([[2.0], [-1.0]], np.float32))
-    # h: 1 under the own goals; per (goal, t) the ratios normalised to sum 1 over the episodes
-    # still running (goal 2: both until t=1, then episode 1 alone; goal -1: both at t=0 only)
-    h = np.array([[1, 1, 1, 1], [1, 1, 1, 1],
-                  [0.5, 0.5, 0, 0], [0.5, 0.5, 1, 1],
-                  [0.5, 1, 1, 1], [0.5, 0, 0, 0]])
+    # h: per (goal, t) the ratios (all 1 here) over their sum across the 2 episodes, ended copies
+    # included (goal 2: episode 0 ends after 2 steps; goal -1: episode 1 after 1 step), and the
+    # episodes' own goals are one more group
+    mask = np.array([[1, 1, 1, 1], [1, 1, 1, 1],
+                     [1, 1, 0, 0], [1, 1, 1, 1],
+                     [1, 1, 1, 1], [1, 0, 0, 0]], bool)
+    h = 0.5 * mask
     expected = h * 0.9 ** np.arange(4) / (2 * (1 + 2))  # N_traj = 2 episodes x (own goal + 2 goals)
     copy, t = data.rows
-    np.testing.assert_array_equal(data.mask, h > 0)
+    np.testing.assert_array_equal(data.mask, mask)
     np.testing.assert_allclose(batch["coefficients"].numpy(), expected[copy, t], rtol=1e-6)
     # D = (1 - gamma) * sum_rows coefficient * QKL: a constant QKL of k per row gives
     # (1 - gamma) * k * sum(h gamma^t) / N_traj, a sum over time, not a mean over the 18 rows
     with torch.no_grad():
         divergence = float(agent.divergence({**batch, "old_log_prob": batch["old_log_prob"] + 0.1}))
     assert divergence == pytest.approx((1 - 0.9) * 0.5 * 0.1 ** 2 * expected.sum(), rel=1e-5)
+
+
+def test_htrpo_ended_copies_stay_in_the_normaliser_with_their_last_ratio():
+    agent, _ = predator_prey_agent("htrpo")
+    ag = np.array([[[0.0], [1.0], [2.0], [3.0]], [[0.0], [-1.0], [-2.0], [-3.0]]], np.float32)
+    episodes = predator_prey_episodes(ag, 9.0)
+    episodes.actions[:] = np.random.default_rng(0).normal(size=episodes.actions.shape)
+    batch, data = agent.build_batch(episodes, np.array([[1.0]], np.float32))  # episode 0 ends after step 1
+    copy, t = data.rows
+    h = np.zeros(data.mask.shape)
+    h[copy, t] = batch["coefficients"].numpy() / agent.params.gamma ** t * (2 * 2)
+    with torch.no_grad():
+        x_goal = agent.inputs(torch.from_numpy(episodes.obs[:, :-1].reshape(-1, 2)), torch.ones(6, 1))
+        x_own = agent.inputs(torch.from_numpy(episodes.obs[:, :-1].reshape(-1, 2)), torch.full((6, 1), 9.0))
+        actions = torch.from_numpy(episodes.actions.reshape(-1, 1))
+        log_ratio = (agent.policy_net.log_prob(x_goal, actions) - agent.policy_net.log_prob(x_own, actions)).numpy()
+    rho = np.exp(np.cumsum(log_ratio.reshape(2, 3), axis=1))
+    rho[0, 1:] = rho[0, 0]  # episode 0's copy ended after its first step: its ratio stays
+    np.testing.assert_allclose(h[2, 0], rho[0, 0] / rho[:, 0].sum(), rtol=1e-5)
+    np.testing.assert_allclose(h[3], rho[1] / rho.sum(axis=0), rtol=1e-5)
+    assert h[2, 1:].sum() == 0
 
 
 def test_htrpo_weighted_importance_sampling_is_normalised_over_episodes_per_goal_and_step():
@@ -176,8 +199,9 @@ def test_htrpo_weighted_importance_sampling_is_normalised_over_episodes_per_goal
     copy, t = data.rows
     h = np.zeros(data.mask.shape)
     h[copy, t] = batch["coefficients"].numpy() / agent.params.gamma ** t * (3 * 3)
-    np.testing.assert_allclose(h[:3][data.mask[:3]], 1.0, rtol=1e-6)
-    for goal in range(2):  # each (goal, t) column of valid copies sums to 1
+    np.testing.assert_allclose(h[:3][data.mask[:3]], 1 / 3, rtol=1e-6)  # own goals: ratio 1 over 3 episodes
+    assert data.mask.all()  # no copy ends early here: every (goal, t) column is a full normalisation
+    for goal in range(2):  # each (goal, t) column sums to 1
         block = h[3 + 3 * goal: 6 + 3 * goal]
         np.testing.assert_allclose(block.sum(axis=0), 1.0, rtol=1e-5)
 

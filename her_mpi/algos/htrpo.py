@@ -20,10 +20,10 @@ Units of the objective and of ``max_kl`` are the paper's (eq. 79-80 of the seed;
     D = (1 - gamma) / N_traj * sum over (trajectory, t) of h * gamma^t * K_t,
 
 with K_t = 1/2 (log pi_old - log pi)^2 (QKL), N_traj = N_episodes * (1 + N_goals) over all ranks
-(N_episodes * N_goals with ``original_goals: false``), h = 1 for the episodes' own goals and, for
-hindsight copies, rho_t normalised to sum 1 over the episodes for each (goal, t) (weighted
-importance sampling; rho_t itself with ``weighted_is: false``). The sum-to-1 normalisation is the
-paper's: it makes the hindsight part of D scale like 1 / N_episodes, so the paper's max_kl
+(N_episodes * N_goals with ``original_goals: false``), and h the per-decision ratio rho_t (1 under
+the episodes' own goals) divided, with weighted importance sampling, by its sum over the episodes
+for the same goal and step (``weighted_is: false``: rho_t itself; see importance_weights). The
+sum-to-1 normalisation is the paper's: it makes D scale like 1 / N_episodes, so the paper's max_kl
 (2e-5 for Fetch and Ms. Pac-Man, 1e-3 for bit flipping) means what it meant there at the paper's
 batch sizes (1,600 steps for Fetch, 300 for Ms. Pac-Man). A mean over rows, as before, is
 N_episodes / ((1 - gamma) * mean copy length) times larger: about 65x for 1,600-step Fetch batches.
@@ -207,26 +207,30 @@ class HindsightAgent(OnPolicyAgent):
         return batch, data
 
     def importance_weights(self, data, copy, t, log_ratio, n_original, n_goals) -> np.ndarray:
-        """h per row: 1 under the episodes' own goals; for hindsight copies the per-decision ratio,
-        normalised to sum 1 over all ranks' episodes for each (goal, step) with weighted IS."""
+        """h per row: the per-decision ratio rho_t (1 under the episodes' own goals), with weighted
+        IS divided by the sum of rho_t over all ranks' episodes for the same goal and step.
+
+        A copy that has ended (reached its goal, or its episode ended) sits in an absorbing state:
+        it adds nothing to the numerator but keeps its last ratio in the normaliser, as the
+        paper's estimator over trajectories reads (eq. 80). (Normalising over the still-running
+        copies only would give the few long-running failures of a goal the weight of all its
+        episodes at late steps.) The episodes' own goals form one more goal group, of ratios 1."""
         M, T = data.mask.shape
         grid = np.zeros((M, T))
         grid[copy, t] = log_ratio
         grid[:n_original] = 0.0  # the original goals: on-policy data
-        rho = np.exp(np.clip(np.cumsum(grid, axis=1), -MAX_LOG_RATIO, MAX_LOG_RATIO)) * data.mask
-        if self.params.weighted_is and n_goals:
-            per_goal = rho[n_original:].reshape(n_goals, -1, T)
-            sums = mpi.allreduce_sum_(per_goal.sum(axis=1).astype(np.float64))
-            rho[n_original:] = (per_goal / np.maximum(sums, 1e-300)[:, None, :]).reshape(-1, T)
-        return rho[copy, t].astype(np.float32)
-
-    def rewards(self, episodes: Episodes, data: Relabelled) -> np.ndarray:
-        copy, t = data.rows
-        if self.params.reward == "dense":
-            ag_next = episodes.ag[data.source[copy], t + 1]
-            return -np.linalg.norm(ag_next - data.goals[copy, t + 1], axis=-1).astype(np.float32)
-        horizon = episodes.actions.shape[1]
-        return np.where(data.terminal[copy, t], horizon - t, 0).astype(np.float32)
+        rho = np.exp(np.clip(np.cumsum(grid, axis=1), -MAX_LOG_RATIO, MAX_LOG_RATIO))  # frozen after the end
+        h = rho * data.mask
+        if self.params.weighted_is:
+            n_groups = n_goals + (1 if n_original else 0)
+            group = np.concatenate([np.zeros(n_original, np.int64),
+                                    np.repeat(np.arange(n_goals) + (1 if n_original else 0),
+                                              (M - n_original) // max(n_goals, 1))])
+            sums = np.zeros((n_groups, T))
+            np.add.at(sums, group, rho)
+            sums = mpi.allreduce_sum_(sums)
+            h = h / sums[group]
+        return h[copy, t].astype(np.float32)
 
     # -- the update ----------------------------------------------------------------------------
 

@@ -141,13 +141,15 @@ def env_spec(env: gym.Env, env_id: str) -> EnvSpec:
 
 
 def reward_bounds(env: gym.Env) -> tuple[float, float]:
-    """(min, max) of the reward for a goal reached and a goal far away (sparse goal envs)."""
+    """(min, max) of the reward for a goal reached, a goal far away and running out of time
+    (sparse goal envs; predator-prey's time-out pays -1, below its goal rewards 0/1)."""
     shape = env.observation_space["desired_goal"].shape
     goal = np.zeros(shape, dtype=np.float32)
     far = np.full(shape, 1e3, dtype=np.float32)
     rewards = np.asarray(env.unwrapped.compute_reward(np.stack([goal, far]), np.stack([goal, goal]), None),
                          dtype=np.float64)
-    return float(rewards.min()), float(rewards.max())
+    timeout = float(getattr(env.unwrapped, "timeout_reward", 0.0))
+    return min(float(rewards.min()), timeout), max(float(rewards.max()), timeout)
 
 
 @dataclass(frozen=True)

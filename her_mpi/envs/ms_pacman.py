@@ -104,7 +104,9 @@ class MsPacmanGoalEnv(gym.Env):
     metadata = {"render_modes": ["rgb_array"]}
     timeout_reward = 0.0
 
-    def __init__(self, render_mode: str | None = None):
+    def __init__(self, goal_cells: list | None = None, render_mode: str | None = None):
+        """``goal_cells``: draw desired goals from these (row, column) cells only (each must be
+        reachable), e.g. for a short test or a curriculum; default: every reachable cell."""
         self.render_mode = render_mode
         self.horizon, self.dt = HORIZON, FRAMESKIP / 60.0
         image = gym.spaces.Box(0, 255, (STACK, FRAME_SIZE, FRAME_SIZE), np.uint8)
@@ -112,6 +114,16 @@ class MsPacmanGoalEnv(gym.Env):
         self.observation_space = gym.spaces.Dict(observation=image, achieved_goal=cell, desired_goal=cell)
         self.action_space = gym.spaces.Discrete(len(ACTION_NAMES))
         self.valid_goals = np.argwhere(REACHABLE).astype(np.float32)
+        if goal_cells is not None:
+            cells = np.asarray(goal_cells)
+            if cells.ndim != 2 or cells.shape[1] != 2 or len(cells) == 0:
+                raise ValueError(f"MsPacmanGoal-v0: goal_cells must be a non-empty list of [row, column] "
+                                 f"pairs, got {goal_cells!r}")
+            for row, col in cells:
+                if not (0 <= row < GRID[0] and 0 <= col < GRID[1] and REACHABLE[int(row), int(col)]):
+                    raise ValueError(f"MsPacmanGoal-v0: goal cell [{row}, {col}] is not a reachable cell "
+                                     f"of the {GRID[0]}x{GRID[1]} grid (see REACHABLE in her_mpi/envs/ms_pacman.py)")
+            self.valid_goals = cells.astype(np.float32)
         self.ale, self.ale_actions, self.noop = make_ale(0)
         self.stack: deque = deque(maxlen=STACK)
         self.cell = (8, 10)
@@ -141,6 +153,7 @@ class MsPacmanGoalEnv(gym.Env):
         self._detect()
         start = np.array(self.cell, np.float32)
         choices = self.valid_goals[np.any(self.valid_goals != start, axis=1)]
+        choices = choices if len(choices) else self.valid_goals  # only the start cell was allowed
         self.goal = choices[self.np_random.integers(len(choices))]
         self.steps = 0
         return self._obs(), {"is_success": 0.0}

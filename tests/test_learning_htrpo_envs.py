@@ -1,0 +1,69 @@
+"""Learning tests on HTRPO's other environments (real MuJoCo and ALE, mpirun): a few minutes each."""
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import describe, read_progress, run_mpi
+from her_mpi.checkpoint import load_checkpoint
+from her_mpi.config import EnvConfig, config_from_dict
+from her_mpi.envs import EnvSpec, make_env
+from her_mpi.trainer import agent_from_checkpoint, build_agent
+
+pytestmark = [pytest.mark.slow, pytest.mark.mpi]
+
+
+def train(run_dir, recipe, *overrides):
+    result = run_mpi(2, ["-m", "her_mpi.train", "--config", recipe, "--run-dir", run_dir,
+                         "--set", "log.tensorboard=false", *overrides], timeout=1200)
+    assert result.returncode == 0, describe(result)
+    return [float(r["test_success_rate"]) for r in read_progress(run_dir)]
+
+
+# A budget for 2 cores: 800-step iterations (8 episodes per rank), 16 hindsight goals and 2x64
+# networks instead of the paper's 1,600 steps, 100 goals and 3x256 (fetch_reach_discrete_htrpo).
+FAST_REACH = ["--set", "train.n_epochs=8", "--set", "train.n_cycles=5", "--set", "train.rollouts_per_rank=8",
+              "--set", "algo.hidden=[64, 64]", "--set", "algo.n_goals=16", "--set", "algo.max_kl=5.0e-4",
+              "--set", "algo.cg_damping=5.0e-5", "--set", "algo.gae_lambda=0.95", "--set", "train.n_test_episodes=50"]
+
+
+def test_htrpo_solves_fetch_reach_discrete(tmp_path):
+    success = train(tmp_path / "run", "fetch_reach_discrete_htrpo", *FAST_REACH)
+    assert max(success) >= 0.9, success
+
+
+# Ms. Pac-Man, DQN+HER: goals along the start corridor (row 8) on both sides of the start cell
+# (8, 10), so that no single action reaches them all; every episode starts from the same state and
+# the emulator is deterministic, so a greedy policy's success on each goal is exact, not sampled.
+CORRIDOR_GOALS = [[8, c] for c in (4, 5, 6, 7, 13, 14, 15)]
+PACMAN = ["--set", f"env.kwargs={{goal_cells: {CORRIDOR_GOALS}}}", "--set", "train.n_epochs=4",
+          "--set", "train.n_cycles=20", "--set", "train.rollouts_per_rank=2", "--set", "train.n_batches=20",
+          "--set", "replay.size=20000", "--set", "algo.lr=5.0e-4", "--set", "train.n_test_episodes=14"]
+
+
+def greedy_success(agent, goals) -> float:
+    env = make_env(EnvConfig("MsPacmanGoal-v0", {"goal_cells": goals}), seed=0)
+    reached = []
+    for goal in goals:
+        obs, _ = env.reset(seed=0)
+        env.unwrapped.goal = np.array(goal, np.float32)
+        success = False
+        for _ in range(env.unwrapped.horizon):
+            action = agent.act(obs["observation"].reshape(1, -1), env.unwrapped.goal[None], explore=False)
+            obs, _, terminated, truncated, info = env.step(int(action[0, 0]))
+            success = bool(info["is_success"])
+            if terminated or truncated:
+                break
+        reached.append(success)
+    return float(np.mean(reached))
+
+
+def test_dqn_her_on_ms_pacman_beats_the_untrained_policy(tmp_path):
+    train(tmp_path / "run", "ms_pacman_goal_dqn", *PACMAN)
+    state = load_checkpoint(tmp_path / "run")
+    trained = agent_from_checkpoint(state)
+    untrained = build_agent(config_from_dict(state["config"]), EnvSpec(**state["spec"]))  # same seed: same init
+    assert not torch.equal(trained.q_network.state_dict()["head.0.weight"], untrained.q_network.state_dict()["head.0.weight"])
+    after, before = greedy_success(trained, CORRIDOR_GOALS), greedy_success(untrained, CORRIDOR_GOALS)
+    # the untrained greedy policy can reach the goals on one side at most (4 of 7)
+    assert after >= before + 0.4 and after >= 0.7, (before, after)
