@@ -300,3 +300,12 @@ def test_managed_node_autostarts_as_a_process_and_bad_files_exit_2(policy_file, 
     not_onnx.write_text("not a model")
     result = run_node_process("ros_node", "-p", f"model_path:={not_onnx}", seconds=10.0)
     assert result.returncode == 2 and "is not a loadable ONNX model" in result.stderr, describe(result)
+
+
+@pytest.mark.parametrize("module", ["ros_node", "lifecycle_node"])
+@pytest.mark.parametrize("missing", ["rclpy", "diagnostic_msgs"])
+def test_a_missing_ros_install_says_what_to_install(module, missing):
+    code = f"import sys; sys.modules[{missing!r}] = None; import her_mpi_runtime.{module}"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert f"but {missing} is missing: pip install \"her_mpi_runtime[ros]\"" in result.stderr, describe(result)

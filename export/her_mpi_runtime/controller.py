@@ -17,17 +17,24 @@ import sys
 import time
 
 import numpy as np
-import rclpy
-import rclpy.executors
-import rclpy.parameter
-from diagnostic_msgs.msg import DiagnosticArray
-from geometry_msgs.msg import PointStamped, PoseStamped
-from rcl_interfaces.msg import ParameterDescriptor
-from rclpy.qos import QoSProfile, ReliabilityPolicy
-from std_msgs.msg import Float64MultiArray
 
-from her_mpi_runtime.diagnostics import ControlStats, diagnostic_array
 from her_mpi_runtime.policy import FLOAT32_MAX, Policy
+
+try:
+    import rclpy
+    import rclpy.executors
+    import rclpy.parameter
+    from diagnostic_msgs.msg import DiagnosticArray
+    from geometry_msgs.msg import PointStamped, PoseStamped
+    from rcl_interfaces.msg import ParameterDescriptor
+    from rclpy.qos import QoSProfile, ReliabilityPolicy
+    from std_msgs.msg import Float64MultiArray
+
+    from her_mpi_runtime.diagnostics import ControlStats, diagnostic_array
+except ImportError as exc:
+    raise ImportError(f"the ROS 2 policy controller needs rclpy and the std/geometry/diagnostic/lifecycle "
+                      f"messages, but {(exc.name or str(exc)).split('.')[0]} is missing: pip install \"her_mpi_runtime[ros]\" (or "
+                      f"\"her_mpi[ros]\"), or source your ROS 2 installation") from exc
 
 NODE_NAME = "her_policy_controller"
 GOAL_TYPES = {"array": Float64MultiArray, "point": PointStamped, "pose": PoseStamped}

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import sys
 
-from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
-from std_msgs.msg import Float64MultiArray
-
+# the controller first: it says what to install when ROS 2 is missing
 from her_mpi_runtime.controller import NODE_NAME, PolicyControllerLogic, parameter_overrides, run_node
+from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn  # noqa: I001
+from std_msgs.msg import Float64MultiArray
 
 __all__ = ["ManagedPolicyController", "main"]
 

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import sys
 
-from rclpy.node import Node
-
+# the controller first: it says what to install when ROS 2 is missing
 from her_mpi_runtime.controller import GOAL_TYPES, NODE_NAME, PolicyControllerLogic, parameter_overrides, run_node
+from rclpy.node import Node  # noqa: I001
 
 __all__ = ["GOAL_TYPES", "PolicyController", "main"]
 
