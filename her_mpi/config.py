@@ -123,9 +123,21 @@ class CheckpointConfig:
 class LogConfig:
     tensorboard: bool = True
     print_every: int = 1  # epochs between progress lines
+    video_every: int = 0  # rank 0 writes videos/epoch_NNNN.<video_format> every N epochs (0: never)
+    video_format: Literal["mp4", "gif"] = "mp4"  # the video file's format (also in TensorBoard as a GIF)
+    video_episodes: int = 2  # deterministic test episodes per video (the same goals every time)
+    video_width: int = 256  # frame width in pixels (even for mp4)
+    video_height: int = 256  # frame height in pixels (even for mp4)
 
     def validate(self, path: str) -> None:
         check(self.print_every >= 1, f"{path}.print_every", self.print_every, "an integer >= 1")
+        check(self.video_every >= 0, f"{path}.video_every", self.video_every, "an integer >= 0 (0: no videos)")
+        check(self.video_episodes >= 1, f"{path}.video_episodes", self.video_episodes, "an integer >= 1")
+        for name in ("video_width", "video_height"):
+            value = getattr(self, name)
+            check(16 <= value <= 4096, f"{path}.{name}", value, "an integer in [16, 4096] (pixels)")
+            check(self.video_format != "mp4" or value % 2 == 0, f"{path}.{name}", value,
+                  "an even number of pixels for video_format mp4 (H.264)")
 
 
 # Algorithms register their parameter classes by name (her_mpi/algos/__init__.py does it for the

@@ -4,6 +4,11 @@ Runs the deterministic policy in simulation and prints JSON with the success rat
 ``is_success`` at the last step) and the mean return. The env and its parameters come from the
 policy's training config; ``--env`` overrides the id. The same ``--seed`` gives the same episodes,
 so an exported policy and its checkpoint can be compared directly.
+
+``--video out.mp4`` (or ``.gif``) renders the episodes offscreen instead (5 unless ``--episodes``
+says otherwise) with the goal marked and each episode's result written on its frames; the JSON
+then describes those episodes and the file. Without a display MuJoCo's EGL backend is chosen
+(``MUJOCO_GL=egl``) unless ``MUJOCO_GL`` is set.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import sys
 import numpy as np
 
 from her_mpi.config import ConfigError, EnvConfig
+from her_mpi.video import (EpisodeSummary, RenderEnv, check_encoder, check_frame_size, episode_frames,
+                           natural_fps, select_gl_backend, video_format, write_video)
 
 
 def load_policy(args) -> tuple[callable, dict, str, tuple[int, int]]:
@@ -51,33 +58,72 @@ def main(argv=None) -> int:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--policy", help="an .onnx file written by python -m her_mpi.export")
     source.add_argument("--checkpoint", help="a training checkpoint (or run directory)")
-    parser.add_argument("--episodes", type=int, default=100)
+    parser.add_argument("--episodes", type=int, help="episodes to run (default: 100, or 5 with --video)")
     parser.add_argument("--env", help="env id (default: the one the policy was trained on)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--parallel-envs", type=int, default=10, help="envs stepped together (batched policy calls)")
+    video = parser.add_argument_group("video (offscreen rendering)")
+    video.add_argument("--video", metavar="FILE", help="render the episodes into FILE (.mp4 or .gif)")
+    video.add_argument("--fps", type=float, help="frames per second (default: real time, 1/control period; 4 for envs without one)")
+    video.add_argument("--width", type=int, default=480, help="frame width in pixels (default 480)")
+    video.add_argument("--height", type=int, default=480, help="frame height in pixels (default 480)")
     args = parser.parse_args(argv)
     try:
+        if args.episodes is None:
+            args.episodes = 5 if args.video else 100
         if args.episodes < 1:
             raise ConfigError(f"--episodes must be >= 1, got {args.episodes}")
+        if args.video:
+            fmt = video_format(args.video)  # every check that needs no rendering, before any
+            check_frame_size(args.width, args.height, fmt, "--width/--height")
+            check_encoder(fmt)
+            if args.fps is not None and not 0 < args.fps <= 1000:
+                raise ConfigError(f"--fps must be in (0, 1000], got {args.fps}")
+            backend = select_gl_backend()  # before mujoco is imported
         act, training_config, description, dims = load_policy(args)
         env_section = dict(training_config.get("env", {}))
         env_cfg = EnvConfig(id=args.env or env_section.get("id", ""), kwargs=env_section.get("kwargs", {}),
                             max_episode_steps=env_section.get("max_episode_steps"))
-        from her_mpi.rollout import RolloutWorker
+        if args.video:
+            worker = RenderEnv(env_cfg, args.width, args.height, backend)
+        else:
+            from her_mpi.rollout import RolloutWorker
 
-        worker = RolloutWorker(env_cfg, min(args.parallel_envs, args.episodes), np.random.SeedSequence(args.seed))
+            worker = RolloutWorker(env_cfg, min(args.parallel_envs, args.episodes), np.random.SeedSequence(args.seed))
         if (worker.spec.obs_dim, worker.spec.goal_dim) != dims:
             raise ConfigError(f"--env {env_cfg.id} has observations of size {worker.spec.obs_dim} and goals of "
                               f"size {worker.spec.goal_dim}, but the policy expects {dims[0]} and {dims[1]}")
     except ConfigError as exc:
         print(f"her_mpi.evaluate: error: {exc}", file=sys.stderr)
         return 2
+    if args.video:
+        return render_video(args, worker, act, description, env_cfg.id)
     episodes = worker.generate(act, args.episodes, env_units=True)
     print(json.dumps({
         "policy": description, "env_id": env_cfg.id, "episodes": args.episodes, "seed": args.seed,
         "success_rate": float(episodes.success.mean()),
         "mean_return": float(episodes.rewards.sum(axis=1).mean()),
         "mean_length": float(episodes.lengths.mean()),
+    }))
+    return 0
+
+
+def render_video(args, render_env: RenderEnv, act, description: str, env_id: str) -> int:
+    fps = args.fps or natural_fps(render_env.spec)
+    summaries: list[EpisodeSummary] = []
+    try:
+        frames = write_video(args.video, episode_frames(render_env, act, args.episodes, args.seed, summaries), fps)
+    except ConfigError as exc:
+        print(f"her_mpi.evaluate: error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        render_env.close()
+    print(json.dumps({
+        "policy": description, "env_id": env_id, "episodes": args.episodes, "seed": args.seed,
+        "success_rate": float(np.mean([s.success for s in summaries])),
+        "mean_return": float(np.mean([s.episode_return for s in summaries])),
+        "mean_length": float(np.mean([s.length for s in summaries])),
+        "video": str(args.video), "frames": frames, "width": args.width, "height": args.height, "fps": fps,
     }))
     return 0
 

@@ -30,6 +30,7 @@ from her_mpi.config import Config, ConfigError, config_from_dict
 from her_mpi.envs import EnvSpec, goal_functions
 from her_mpi.logger import RunLogger, progress_line
 from her_mpi.rollout import Episodes, RolloutWorker
+from her_mpi.video import TrainingVideos
 
 
 def rank_seeds(seed: int, rank: int) -> dict[str, np.random.SeedSequence]:
@@ -71,6 +72,9 @@ class Trainer:
         torch.set_flush_denormal(True)  # tiny Adam moments and gradients otherwise cost 5-10x
         seeds = rank_seeds(config.train.seed, self.rank)
         train = config.train
+        # Rank 0's policy videos (log.video_every): an env and seed of their own; made before the
+        # envs so a missing OpenGL backend fails here, with a message, and MUJOCO_GL is set early.
+        self.video = TrainingVideos(config, run_dir) if self.rank == 0 and config.log.video_every else None
         self.worker = RolloutWorker(config.env, train.rollouts_per_rank, seeds["train_envs"])
         self.test_episodes_per_rank = train.test_episodes_per_rank(self.size)
         self.test_worker = RolloutWorker(config.env, max(1, min(self.test_episodes_per_rank, 10)),
@@ -127,8 +131,12 @@ class Trainer:
                 if (epoch + 1) % config.log.print_every == 0 or epoch + 1 == train.n_epochs:
                     remaining = (train.n_epochs - epoch - 1) * float(np.mean(epoch_times[-5:]))
                     print(progress_line(row, train.n_epochs, epoch_times[-1], remaining), flush=True)
+            if self.video is not None and self.video.due(epoch):  # rank 0 only, no collective
+                print(self.video.record(self.agent, epoch, row["env_steps"], self.logger.writer), flush=True)
         if self.logger is not None:
             self.logger.close()
+        if self.video is not None:
+            self.video.close()
         return row
 
     def _epoch_row(self, epoch, metrics, train_success, test, start, steps_before, timing) -> dict:
