@@ -43,29 +43,42 @@ def uniform_transitions(cumulative_lengths: np.ndarray, lengths: np.ndarray, bat
 
 
 def hindsight_sources(episode: np.ndarray, t: np.ndarray, lengths: np.ndarray, strategy: str,
-                      replay_k: int, rng: np.random.Generator, sample_any: Callable):
+                      replay_k: float, rng: np.random.Generator, sample_any: Callable,
+                      actual_k: float = 0.0):
     """Which transitions get a hindsight goal, and where in ``ag`` [episodes, T+1] it comes from.
 
     ``ag[e, i]`` is the goal achieved after i actions of episode e (i = 0 before any action).
-    Returns (relabel mask, source episode, source index) for the relabelled transitions only.
-    ``sample_any(n, rng)`` draws (episode, t) uniformly over all transitions (``random``).
+    Of the transitions, a share replay_k / (1 + replay_k + actual_k) gets a hindsight goal and a
+    share actual_k / (1 + replay_k + actual_k) the desired goal of another stored transition
+    (mrl's "futureactual": real goals, most of them far from this episode's outcomes); the rest
+    keep their own. With actual_k = 0 this is baselines' 1 - 1/(1 + replay_k), with the same
+    random draws. Returns (relabel mask, source episode, source index, actual mask) with the
+    sources for the relabelled transitions only; the caller draws the actual goals' sources
+    with ``sample_any(n, rng)``, which draws (episode, t) uniformly over all transitions (also
+    the ``random`` strategy's sources).
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown hindsight strategy {strategy!r}; expected one of {STRATEGIES}")
-    if strategy == "none" or replay_k == 0:
+    if strategy == "none":
+        replay_k = 0
+    no_one = np.zeros(len(episode), bool)
+    if replay_k == 0 and actual_k == 0:
         empty = np.zeros(0, np.int64)
-        return np.zeros(len(episode), bool), empty, empty
-    relabel = rng.random(len(episode)) < 1.0 - 1.0 / (1.0 + replay_k)
+        return no_one, empty, empty, no_one
+    draw = rng.random(len(episode))
+    p_hindsight = 1.0 - (1.0 + actual_k) / (1.0 + replay_k + actual_k)
+    relabel = draw < p_hindsight
+    actual = (draw >= p_hindsight) & (draw < 1.0 - 1.0 / (1.0 + replay_k + actual_k)) if actual_k else no_one
     ep, step = episode[relabel], t[relabel]
     length = lengths[ep]
-    if strategy == "future":  # uniform over the goals achieved after this step: ag[t+1 .. len]
-        return relabel, ep, step + 1 + (rng.random(len(ep)) * (length - step)).astype(np.int64)
+    if strategy == "future" or replay_k == 0:  # uniform over the goals achieved after this step: ag[t+1 .. len]
+        return relabel, ep, step + 1 + (rng.random(len(ep)) * (length - step)).astype(np.int64), actual
     if strategy == "final":
-        return relabel, ep, length
+        return relabel, ep, length, actual
     if strategy == "episode":  # any goal the episode achieved: ag[1 .. len]
-        return relabel, ep, 1 + (rng.random(len(ep)) * length).astype(np.int64)
+        return relabel, ep, 1 + (rng.random(len(ep)) * length).astype(np.int64), actual
     source_ep, source_t = sample_any(len(ep), rng)  # random: any stored transition's outcome
-    return relabel, source_ep, source_t + 1
+    return relabel, source_ep, source_t + 1, actual
 
 
 class PrioritySampler:
@@ -152,44 +165,85 @@ class EpisodeStore:
             self._cumulative_lengths = np.cumsum(self.lengths[: self.n_episodes])
         return uniform_transitions(self._cumulative_lengths, self.lengths, batch_size, rng)
 
-    def hindsight_goals(self, episode: np.ndarray, t: np.ndarray, strategy: str, replay_k: int,
-                        rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        """Goals for transitions (episode, t): stored or hindsight. Returns (goals, relabelled)."""
+    def hindsight_goals(self, episode: np.ndarray, t: np.ndarray, strategy: str, replay_k: float,
+                        rng: np.random.Generator, actual_k: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+        """Goals for transitions (episode, t): stored, hindsight or another transition's desired
+        goal (:func:`hindsight_sources`). Returns (goals, replaced), ``replaced`` marking the
+        goals that are not the transition's own (they stay fixed over the transition)."""
         goals = self.g[episode, t].copy()
-        relabel, source_ep, source_t = hindsight_sources(
-            episode, t, self.lengths, strategy, replay_k, rng, self.sample_indices)
+        relabel, source_ep, source_t, actual = hindsight_sources(
+            episode, t, self.lengths, strategy, replay_k, rng, self.sample_indices, actual_k)
         goals[relabel] = self.ag[source_ep, source_t]
-        return goals, relabel
+        if actual.any():
+            actual_ep, actual_t = self.sample_indices(int(actual.sum()), rng)
+            goals[actual] = self.g[actual_ep, actual_t]
+        return goals, relabel | actual
 
     def transitions(self, episode: np.ndarray, t: np.ndarray, goals: np.ndarray,
-                    relabelled: np.ndarray | None = None) -> dict:
+                    relabelled: np.ndarray | None = None, n_step: int = 1, gamma: float = 1.0) -> dict:
         """The batch for transitions (episode, t) pursued towards ``goals``.
 
         ``relabelled`` marks the goals that replaced the stored ones (fixed goals); the others are
         the stored g[t], and their reward, terminal flag and next input use the stored g[t+1].
-        None: every goal is relabelled (fixed)."""
-        ag_next = self.ag[episode, t + 1]
-        g_next = goals
-        if relabelled is not None and not relabelled.all():
-            g_next = np.where(relabelled[:, None], goals, self.g[episode, t + 1])
-        rewards = np.asarray(self.reward_fn(ag_next, g_next), np.float32).reshape(len(t))
-        terminals = self.terminal_fn(ag_next, g_next) if self.terminal_fn is not None else 0.0
-        terminals = np.broadcast_to(np.asarray(terminals, np.float32), (len(t),)).copy()
-        if self.timeout_reward:
-            length = self.lengths[episode]
-            timed_out = (length == self.horizon) & (t == length - 1) & (terminals == 0)
-            rewards = rewards + np.where(timed_out, np.float32(self.timeout_reward), np.float32(0))
-        return {
-            "obs": self.obs[episode, t], "obs_next": self.obs[episode, t + 1],
-            "ag": self.ag[episode, t], "ag_next": ag_next,
-            "g": goals, "g_next": g_next, "actions": self.actions[episode, t],
-            "rewards": rewards, "terminals": terminals,
-        }
+        None: every goal is relabelled (fixed).
 
-    def sample(self, batch_size: int, strategy: str, replay_k: int, rng: np.random.Generator) -> dict:
+        With ``n_step`` > 1 the batch also holds the n-step return from t (:meth:`returns`):
+        ``rewards_n``, ``terminals_n``, ``discounts_n`` (gamma to the number of steps taken) and
+        the input to bootstrap from, ``obs_n`` and ``g_n``."""
+        one = self.returns(episode, t, goals, relabelled, 1, gamma)
+        batch = {
+            "obs": self.obs[episode, t], "obs_next": one["obs"],
+            "ag": self.ag[episode, t], "ag_next": self.ag[episode, t + 1],
+            "g": goals, "g_next": one["g"], "actions": self.actions[episode, t],
+            "rewards": one["rewards"], "terminals": one["terminals"],
+        }
+        if n_step > 1:
+            batch.update({f"{k}_n": v for k, v in self.returns(episode, t, goals, relabelled, n_step, gamma).items()})
+        return batch
+
+    def returns(self, episode: np.ndarray, t: np.ndarray, goals: np.ndarray, relabelled: np.ndarray | None,
+                n_step: int, gamma: float) -> dict:
+        """Discounted rewards of the (up to) ``n_step`` steps from t, under each transition's goal.
+
+        The steps stop at the episode's end and after a terminal step (the goal reached, where
+        the env ends episodes). Returns ``rewards`` (sum of gamma^k r_{t+k}), ``terminals``
+        (a terminal step was reached), ``discounts`` (gamma^steps taken: what the bootstrap value
+        is multiplied by unless terminal) and the bootstrap input ``obs``/``g`` after the last
+        step taken."""
+        batch, rows = len(t), np.arange(len(t))
+        length = self.lengths[episode]
+        step = t[:, None] + np.arange(n_step)[None, :]  # [batch, n] action indices
+        exists = step < length[:, None]
+        step = np.minimum(step, length[:, None] - 1)
+        ag_next = self.ag[episode[:, None], step + 1]
+        g_next = np.broadcast_to(goals[:, None, :], ag_next.shape)
+        if relabelled is not None and not relabelled.all():
+            g_next = np.where(relabelled[:, None, None], g_next, self.g[episode[:, None], step + 1])
+        flat_ag, flat_g = ag_next.reshape(-1, ag_next.shape[-1]), g_next.reshape(-1, g_next.shape[-1])
+        rewards = np.asarray(self.reward_fn(flat_ag, flat_g), np.float32).reshape(batch, n_step)
+        terminal = np.zeros((batch, n_step), bool)
+        if self.terminal_fn is not None:
+            terminal = np.broadcast_to(np.asarray(self.terminal_fn(flat_ag, flat_g), bool).reshape(-1),
+                                       (batch * n_step,)).reshape(batch, n_step)
+        if self.timeout_reward:
+            timed_out = (length[:, None] == self.horizon) & (step == length[:, None] - 1) & ~terminal
+            rewards = rewards + np.where(timed_out, np.float32(self.timeout_reward), np.float32(0))
+        taken = exists & (np.cumsum(terminal, axis=1) - terminal == 0)  # no terminal before step k
+        n_taken = taken.sum(axis=1)
+        last = step[rows, n_taken - 1] + 1
+        if n_step == 1:  # the exact one-step values, no arithmetic on them
+            summed = rewards[:, 0]
+        else:
+            summed = (rewards * np.float32(gamma) ** np.arange(n_step, dtype=np.float32) * taken).sum(axis=1)
+        return {"rewards": summed.astype(np.float32), "terminals": (terminal & taken).any(axis=1).astype(np.float32),
+                "discounts": (np.float32(gamma) ** n_taken).astype(np.float32),
+                "obs": self.obs[episode, last], "g": g_next[rows, n_taken - 1]}
+
+    def sample(self, batch_size: int, strategy: str, replay_k: float, rng: np.random.Generator,
+               actual_k: float = 0.0, n_step: int = 1, gamma: float = 1.0) -> dict:
         episode, t = self.sample_indices(batch_size, rng)
-        goals, relabelled = self.hindsight_goals(episode, t, strategy, replay_k, rng)
-        batch = self.transitions(episode, t, goals, relabelled)
+        goals, relabelled = self.hindsight_goals(episode, t, strategy, replay_k, rng, actual_k)
+        batch = self.transitions(episode, t, goals, relabelled, n_step, gamma)
         batch["relabelled"] = relabelled
         return batch
 
@@ -215,14 +269,14 @@ class ReplayBuffer(EpisodeStore):
                                 (steps[None, :] < self.lengths[slots][:, None]).ravel())
         return slots
 
-    def sample(self, batch_size: int, strategy: str, replay_k: int, rng: np.random.Generator,
-               beta: float = 0.4) -> dict:
+    def sample(self, batch_size: int, strategy: str, replay_k: float, rng: np.random.Generator,
+               beta: float = 0.4, actual_k: float = 0.0, n_step: int = 1, gamma: float = 1.0) -> dict:
         if self.priorities is None:
-            return super().sample(batch_size, strategy, replay_k, rng)
+            return super().sample(batch_size, strategy, replay_k, rng, actual_k, n_step, gamma)
         flat = self.priorities.sample(batch_size, rng)
         episode, t = np.divmod(flat, self.horizon)
-        goals, relabelled = self.hindsight_goals(episode, t, strategy, replay_k, rng)
-        batch = self.transitions(episode, t, goals, relabelled)
+        goals, relabelled = self.hindsight_goals(episode, t, strategy, replay_k, rng, actual_k)
+        batch = self.transitions(episode, t, goals, relabelled, n_step, gamma)
         batch.update(relabelled=relabelled, indices=flat,
                      weights=self.priorities.weights(flat, self.n_transitions, beta))
         return batch

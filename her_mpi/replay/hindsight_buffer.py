@@ -129,7 +129,7 @@ class HindsightReplayBuffer:
         else:
             episode, t = self._uniform(batch_size, self.rng)
         goal = self.goals[episode].copy()
-        relabel, source_ep, source_t = hindsight_sources(
+        relabel, source_ep, source_t, _ = hindsight_sources(
             episode, t, self.lengths, self.strategy, self.additional_goals, self.rng, self._uniform)
         goal[relabel] = self.achieved[source_ep, source_t]
         batch = {name: array[episode, t] for name, array in self.fields.items()}

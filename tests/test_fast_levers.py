@@ -1,0 +1,131 @@
+"""Mechanics of the sample-efficiency levers: futureactual relabelling and n-step targets."""
+
+import numpy as np
+import pytest
+
+from her_mpi.replay.buffer import EpisodeStore
+from her_mpi.rollout import Episodes
+
+T = 10
+
+
+def sparse_reward(achieved, desired):
+    return -(np.linalg.norm(achieved - desired, axis=-1) > 1e-6).astype(np.float32)
+
+
+def tagged_episodes(n=40, horizon=T, lengths=None):
+    """ag at (e, t) is (e, t, 0); each episode's own desired goal is (e, -1, 1), never achieved."""
+    e = np.arange(n, dtype=np.float32)[:, None]
+    t = np.arange(horizon + 1, dtype=np.float32)[None, :]
+    ag = np.stack([np.broadcast_to(e, (n, horizon + 1)), np.broadcast_to(t, (n, horizon + 1)),
+                   np.zeros((n, horizon + 1), np.float32)], axis=-1)
+    g = np.stack([np.broadcast_to(e, (n, horizon + 1)), np.full((n, horizon + 1), -1.0, np.float32),
+                  np.ones((n, horizon + 1), np.float32)], axis=-1)
+    lengths = np.full(n, horizon) if lengths is None else np.asarray(lengths)
+    return Episodes(obs=ag[..., :2].copy(), ag=ag, g=g, actions=np.zeros((n, horizon, 2), np.float32),
+                    rewards=np.zeros((n, horizon), np.float32), lengths=lengths,
+                    success=np.zeros(n, np.float32))
+
+
+def within(fraction, expected, n):
+    return abs(fraction - expected) <= 4 * np.sqrt(expected * (1 - expected) / n)
+
+
+@pytest.mark.parametrize("replay_k, actual_k", [(2, 2), (4, 1), (0, 3)])
+def test_futureactual_shares_and_sources(replay_k, actual_k):
+    store = EpisodeStore.from_episodes(tagged_episodes(), sparse_reward)
+    n = 40_000
+    batch = store.sample(n, "future", replay_k, np.random.default_rng(0), actual_k=actual_k)
+    own_episode, step = batch["ag"][:, 0], batch["ag"][:, 1]
+    goal, replaced = batch["g"], batch["relabelled"]
+    hindsight = goal[:, 2] == 0  # achieved goals end in 0, desired goals in 1
+    actual = replaced & ~hindsight
+    total = 1 + replay_k + actual_k
+    assert within(hindsight.mean(), replay_k / total, n)
+    assert within(actual.mean(), actual_k / total, n)
+    assert within((~replaced).mean(), 1 / total, n)
+    assert np.all(replaced[hindsight])
+    # hindsight goals: later achieved goals of the same episode
+    assert np.all(goal[hindsight, 0] == own_episode[hindsight]) and np.all(goal[hindsight, 1] > step[hindsight])
+    # kept goals are the transition's own; actual goals are stored desired goals, drawn over all
+    # stored transitions, so nearly always another episode's
+    assert np.all(goal[~replaced, 0] == own_episode[~replaced]) and np.all(goal[~replaced, 1] == -1)
+    assert np.all(goal[actual, 1] == -1) and np.all(goal[actual, 2] == 1)
+    if actual_k:
+        assert (goal[actual, 0] != own_episode[actual]).mean() > 0.9
+    # replaced goals are fixed over the transition
+    assert np.all(batch["g_next"][replaced] == goal[replaced])
+
+
+def test_futureactual_off_is_the_baselines_sampler_draw_for_draw():
+    store = EpisodeStore.from_episodes(tagged_episodes(), sparse_reward)
+    plain = store.sample(512, "future", 4, np.random.default_rng(3))
+    same = store.sample(512, "future", 4, np.random.default_rng(3), actual_k=0)
+    for key in plain:
+        np.testing.assert_array_equal(plain[key], same[key], err_msg=key)
+
+
+def hand_made_store(gamma_terminal=False):
+    """One episode of length 6 (horizon 8): ag after step i is (i, 0, 0); the goal (3, 0, 0) is
+    reached after the third action, so r_t = -1 for t = 0, 1 and 0 for t = 2 (ag[3] = goal), and
+    -1 again afterwards (ag moves on)."""
+    horizon, length = 8, 6
+    ag = np.zeros((1, horizon + 1, 3), np.float32)
+    ag[0, :, 0] = np.minimum(np.arange(horizon + 1), length)
+    g = np.zeros((1, horizon + 1, 3), np.float32)
+    g[0, :, 0] = 3.0
+    obs = np.arange(horizon + 1, dtype=np.float32).reshape(1, -1, 1) * 10
+    episodes = Episodes(obs=obs, ag=ag, g=g, actions=np.zeros((1, horizon, 1), np.float32),
+                        rewards=np.zeros((1, horizon), np.float32), lengths=np.array([length]),
+                        success=np.zeros(1, np.float32))
+    terminal = (lambda a, d: np.linalg.norm(a - d, axis=-1) < 1e-6) if gamma_terminal else None
+    return EpisodeStore.from_episodes(episodes, sparse_reward, terminal)
+
+
+GAMMA = 0.9
+
+
+@pytest.mark.parametrize("t, n, expected_rewards, expected_steps", [
+    (0, 3, -1 + GAMMA * -1 + GAMMA ** 2 * 0, 3),  # r0 + g r1 + g^2 r2
+    (0, 1, -1.0, 1),
+    (2, 3, 0 + GAMMA * -1 + GAMMA ** 2 * -1, 3),
+    (4, 3, -1 + GAMMA * -1, 2),  # only steps 4 and 5 exist: truncated at the episode's end
+    (5, 4, -1.0, 1),
+])
+def test_n_step_return_on_a_hand_made_episode_equals_the_formula(t, n, expected_rewards, expected_steps):
+    store = hand_made_store()
+    episode, step = np.array([0]), np.array([t])
+    goals = store.g[episode, step]
+    out = store.returns(episode, step, goals, np.array([False]), n, GAMMA)
+    assert out["rewards"][0] == pytest.approx(expected_rewards, abs=1e-6)
+    assert out["discounts"][0] == pytest.approx(GAMMA ** expected_steps)
+    assert out["terminals"][0] == 0.0
+    assert out["obs"][0, 0] == 10 * (t + expected_steps)  # the state after the last step taken
+
+
+def test_n_step_return_stops_at_a_terminal_step():
+    store = hand_made_store(gamma_terminal=True)
+    out = store.returns(np.array([0]), np.array([0]), store.g[[0], [0]], None, 5, GAMMA)
+    # the goal is reached after the third action: three rewards, then nothing to bootstrap
+    assert out["rewards"][0] == pytest.approx(-1 + GAMMA * -1 + GAMMA ** 2 * 0)
+    assert out["terminals"][0] == 1.0 and out["discounts"][0] == pytest.approx(GAMMA ** 3)
+    assert out["obs"][0, 0] == 30
+
+
+def test_n_step_rewards_use_the_moving_goal_of_each_step():
+    store = hand_made_store()
+    store.g[0, :, 0] = [9, 1, 9, 9, 9, 9, 9, 9, 9]  # the goal equals ag only after the first action
+    out = store.returns(np.array([0]), np.array([0]), store.g[[0], [0]], np.array([False]), 2, GAMMA)
+    assert out["rewards"][0] == pytest.approx(0 + GAMMA * -1)
+    fixed = store.returns(np.array([0]), np.array([0]), store.g[[0], [0]], np.array([True]), 2, GAMMA)
+    assert fixed["rewards"][0] == pytest.approx(-1 + GAMMA * -1)  # a relabelled goal stays g[t]
+
+
+def test_n_step_batch_keeps_the_one_step_fields_unchanged():
+    store = EpisodeStore.from_episodes(tagged_episodes(), sparse_reward)
+    one = store.sample(256, "future", 4, np.random.default_rng(5))
+    both = store.sample(256, "future", 4, np.random.default_rng(5), n_step=3, gamma=GAMMA)
+    for key in one:
+        np.testing.assert_array_equal(one[key], both[key], err_msg=key)
+    assert {"rewards_n", "terminals_n", "discounts_n", "obs_n", "g_n"} <= set(both)
+    assert np.all(both["discounts_n"] <= GAMMA)
