@@ -15,27 +15,8 @@ import torch
 from torch import nn
 
 from her_mpi.config import NormalizerConfig
+from her_mpi.mlp import ACTIVATIONS, MLP, CriticEnsemble, mlp  # noqa: F401 - the networks' home
 from her_mpi.normalizer import Normalizer
-
-# ReLU in place: no new 256x256 tensor per layer (Linear's backward needs its input, not output).
-ACTIVATIONS = {"relu": lambda: nn.ReLU(inplace=True), "tanh": nn.Tanh, "elu": nn.ELU}
-
-
-def mlp(in_dim: int, hidden: list[int], out_dim: int, activation: str = "relu",
-        output_activation: type[nn.Module] | None = None) -> nn.Sequential:
-    layers, last = [], in_dim
-    for width in hidden:
-        layers += [nn.Linear(last, width), ACTIVATIONS[activation]()]
-        last = width
-    layers.append(nn.Linear(last, out_dim))
-    for layer in layers:
-        if isinstance(layer, nn.Linear):  # Glorot-uniform weights and zero biases, like baselines
-            nn.init.xavier_uniform_(layer.weight)
-            nn.init.zeros_(layer.bias)
-    if output_activation is not None:
-        layers.append(output_activation())
-    return nn.Sequential(*layers)
-
 
 class GoalConditionedInput(nn.Module):
     """(observation, desired_goal) -> normalised, clipped, concatenated network input."""
@@ -133,14 +114,3 @@ def flat_target_copy(module: nn.Module) -> tuple[nn.Module, torch.Tensor]:
     """A frozen copy of ``module`` (for targets) and its flat parameter tensor."""
     target = copy.deepcopy(module)
     return target, FlatParameters(target, trainable=False).param
-
-
-class CriticEnsemble(nn.Module):
-    """n independent Q(s, g, a) networks evaluated together: [batch, in] -> [n, batch]."""
-
-    def __init__(self, in_dim: int, hidden: list[int], n: int, activation: str = "relu"):
-        super().__init__()
-        self.members = nn.ModuleList(mlp(in_dim, hidden, 1, activation) for _ in range(n))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.stack([m(x).squeeze(-1) for m in self.members])

@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from her_mpi.optim.kfac import (KFAC, KFACLayer, KFACParams, assign_to_ranks, factored_pi, kronecker_factors,
+from her_mpi.mlp import mlp
+from her_mpi.optim.kfac import (KFAC, KFACParams, assign_to_ranks, factored_pi, kronecker_factors,
                                 precondition, preconditioner)
 
 
@@ -38,12 +39,9 @@ def test_preconditioned_gradient_equals_explicit_kronecker_solve(mode):
 
 
 def test_factors_are_input_and_output_gradient_second_moments():
-    layer = nn.Linear(3, 2)
-    kfac_layer = KFACLayer(layer)
     x = torch.randn(5, 3)
-    kfac_layer.input = x
     g = torch.randn(5, 2)
-    A, G = kronecker_factors(kfac_layer, g)
+    A, G = kronecker_factors(x, g)
     a = torch.cat([x, torch.ones(5, 1)], 1)
     torch.testing.assert_close(A, a.T @ a / 5)
     torch.testing.assert_close(G, g.T @ g / 5)
@@ -52,16 +50,18 @@ def test_factors_are_input_and_output_gradient_second_moments():
 def test_optimizer_preconditions_the_real_gradient_of_a_layer():
     """End to end on one layer: the applied update is -lr * nu * (A (x) G + damping)^-1 grad."""
     torch.manual_seed(0)
-    layer = nn.Linear(3, 2)
+    net = mlp(3, [], 2)  # one nn.Linear
+    layer = net[0]
     params = KFACParams(lr=0.1, damping=0.01, damping_mode="plain", momentum=0.0, kl_clip=1e9,
                         stat_decay=0.0, factor_every=1, inverse_every=1)
-    optimizer = KFAC(layer, params)
+    optimizer = KFAC(net, params)
     before = optimizer.flat.param.clone()
     x, y = torch.randn(16, 3), torch.randn(16, 2)
-    out = layer(x)
-    loss = (out - y).pow(2).mean()
-    gradient = torch.autograd.grad(loss, [layer.weight, layer.bias], retain_graph=True)
-    optimizer.minimize(loss, output=out)
+    loss = (net(x) - y).pow(2).mean()
+    gradient = torch.autograd.grad(loss, [layer.weight, layer.bias])
+    network_pass = net.train_forward(x)  # K-FAC takes its curvature from the network's own pass
+    optimizer.backward_pass(network_pass, 2 * (network_pass.output - y) / y.numel())
+    optimizer.step()
     A = optimizer.layers[0].A.double().numpy()
     G = optimizer.layers[0].G.double().numpy()
     grad = torch.cat([gradient[0], gradient[1][:, None]], 1).double().numpy()
@@ -82,14 +82,15 @@ def ill_conditioned_problem(seed=0):
 def train(optimizer_factory, steps=60):
     torch.manual_seed(1)
     X, Y = ill_conditioned_problem()
-    net = nn.Linear(8, 2)
+    net = mlp(8, [], 2)
     optimizer = optimizer_factory(net)
     for _ in range(steps):
-        out = net(X)
-        loss = 0.5 * (out - Y).pow(2).sum(1).mean()
-        if isinstance(optimizer, KFAC):
-            optimizer.minimize(loss, output=out)
+        if isinstance(optimizer, KFAC):  # d/d out of 0.5 |out - Y|^2 averaged over rows
+            network_pass = net.train_forward(X)
+            optimizer.backward_pass(network_pass, (network_pass.output - Y) / len(X))
+            optimizer.step()
         else:
+            loss = 0.5 * (net(X) - Y).pow(2).sum(1).mean()
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()

@@ -90,23 +90,26 @@ class ActorCriticAgent(OffPolicyAgent):
         """Compute the actor's (and other) gradients; return the optimizers to step."""
 
     def update(self, batch):
-        x = self.inputs(batch["obs"], batch["g"])
+        x, x_next = self.input_pair(batch)
         with torch.no_grad():
-            target = self.td_target(self.inputs(batch["obs_next"], batch["g_next"]), batch["rewards"],
-                                    batch["terminals"])
-        q = self.critic(torch.cat([x, batch["actions"]], -1))  # [n_critics, batch]
+            target = self.td_target(x_next, batch["rewards"], batch["terminals"])
+        critic_pass = self.critic.train_forward(torch.cat([x, batch["actions"]], -1))
+        q = critic_pass.output.squeeze(-1)  # [n_critics, batch]
         td_error = target - q
-        squared = td_error.pow(2)
-        if "weights" in batch:  # prioritized replay's importance weights
+        # critic_loss = sum over critics of mean_b w_b (target_b - q_b)^2, w the importance weights of
+        # prioritized replay (else 1); its gradient w.r.t. q_b is -2 w_b (target_b - q_b) / batch
+        grad_q = td_error * (-2.0 / td_error.shape[-1])
+        squared = td_error * td_error
+        if "weights" in batch:
+            grad_q = grad_q * batch["weights"]
             squared = batch["weights"] * squared
         critic_loss = squared.mean(-1).sum()
-        self.critic_optimizer.backward(critic_loss, output=q)
-        metrics = {"critic_loss": critic_loss.detach(), "q_mean": q.detach().mean(),
-                   "target_mean": target.mean()}
+        self.critic_optimizer.backward_pass(critic_pass, grad_q)
+        metrics = {"critic_loss": critic_loss, "q_mean": q.mean(), "target_mean": target.mean()}
         # The actor's gradient uses the same (not yet updated) critic, as in baselines.
         for optimizer in [self.critic_optimizer] + self.backward_actor(x, metrics):
             optimizer.step()
         for name, optimizer in self.optimizers().items():
             if isinstance(optimizer, KFAC):  # the KL clip's scale: ~1 means steps are not clipped
                 metrics[f"kfac_nu_{name}"] = torch.tensor(optimizer.last_nu)
-        return metrics, td_error[0].detach().abs()
+        return metrics, td_error[0].abs()

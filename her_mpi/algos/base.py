@@ -153,8 +153,7 @@ class OffPolicyAgent(Agent):
         for _ in range(train.n_batches):
             batch = self.buffer.sample(train.batch_size, replay.strategy, replay.replay_k, self.rng,
                                        beta=self.beta())
-            metrics, td_error = self.update({k: torch.from_numpy(np.ascontiguousarray(v))
-                                             for k, v in batch.items() if k != "indices"})
+            metrics, td_error = self.update(self.batch_tensors(batch))
             if "indices" in batch:
                 self.buffer.update_priorities(batch["indices"], td_error.numpy())
             collected.append(metrics)
@@ -169,6 +168,17 @@ class OffPolicyAgent(Agent):
         if not collected:
             return {}
         return {k: float(torch.stack([m[k] for m in collected]).mean()) for k in collected[0]}
+
+    def input_pair(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Network inputs of (obs, g) and of (obs_next, g_next), the goal after the step (it may
+        move), normalised in one pass over both."""
+        both = self.inputs(torch.cat([batch["obs"], batch["obs_next"]]), torch.cat([batch["g"], batch["g_next"]]))
+        return both.chunk(2)
+
+    @staticmethod
+    def batch_tensors(batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """A sampled batch as the tensors ``update`` takes (contiguous arrays are not copied)."""
+        return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in batch.items() if k != "indices"}
 
     def update_normalizers(self, episodes: Episodes) -> None:
         """Baselines: statistics of a relabelled sample as large as the new episodes (collective)."""

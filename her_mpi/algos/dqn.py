@@ -17,6 +17,7 @@ from torch.nn import functional as F
 from her_mpi.algos.base import OffPolicyAgent, OffPolicyParams
 from her_mpi.cnn import network_body
 from her_mpi.config import ConfigError, check
+from her_mpi.mlp import train_forward
 from her_mpi.nets import DeployablePolicy, GreedyAction, flat_target_copy
 from her_mpi.optim import SyncedAdam
 
@@ -68,9 +69,8 @@ class DQN(OffPolicyAgent):
         return DeployablePolicy(self.inputs, self.q_network, GreedyAction())
 
     def update(self, batch):
-        x = self.inputs(batch["obs"], batch["g"])
+        x, x_next = self.input_pair(batch)
         with torch.no_grad():
-            x_next = self.inputs(batch["obs_next"], batch["g_next"])  # the goal after the step (it may move)
             q_next_all = self.q_target(x_next)
             if self.params.double:
                 next_action = self.q_network(x_next).argmax(-1, keepdim=True)
@@ -78,16 +78,25 @@ class DQN(OffPolicyAgent):
             else:
                 q_next = q_next_all.max(-1).values
             target = self.bootstrap(batch["rewards"], batch["terminals"], q_next)
-        q_all = self.q_network(x)
+        q_pass = train_forward(self.q_network, x)
+        q_all = q_pass.output.detach()
         q = q_all.gather(-1, batch["actions"]).squeeze(-1)
         td_error = target - q
+        # loss = mean_b w_b l(q_b - target_b), l Huber (delta 1) or squared, w the importance
+        # weights of prioritized replay (else 1); l' is the error clipped to [-1, 1], or twice it
         if self.params.loss == "huber":
             per_sample = F.huber_loss(q, target, reduction="none", delta=1.0)
+            grad_q = (-td_error).clamp(-1.0, 1.0)
         else:
             per_sample = td_error.pow(2)
+            grad_q = -2.0 * td_error
         if "weights" in batch:
             per_sample = batch["weights"] * per_sample
+            grad_q = batch["weights"] * grad_q
         loss = per_sample.mean()
-        self.optimizer.minimize(loss, output=q_all)
-        metrics = {"q_loss": loss.detach(), "q_mean": q.detach().mean(), "target_mean": target.mean()}
-        return metrics, td_error.detach().abs()
+        # only the taken action's value enters the loss
+        grad_q_all = torch.zeros_like(q_all).scatter_(-1, batch["actions"], (grad_q / len(q)).unsqueeze(-1))
+        self.optimizer.backward_pass(q_pass, grad_q_all)
+        self.optimizer.step()
+        metrics = {"q_loss": loss, "q_mean": q.mean(), "target_mean": target.mean()}
+        return metrics, td_error.abs()

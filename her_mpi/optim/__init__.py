@@ -34,6 +34,14 @@ class SyncedOptimizer(ABC):
         loss.backward(inputs=self.flat.params)
         self._pending = mpi.start_allreduce_mean_(self.flat.grad.numpy())
 
+    def backward_pass(self, network_pass, output_grad: torch.Tensor) -> None:
+        """This network's gradient by its hand-written backward (her_mpi.mlp): ``network_pass`` is
+        its training forward, ``output_grad`` = d loss / d output. The gradient is written straight
+        into the flat buffer (nothing to zero), then its average over ranks starts."""
+        self.prepare_pass(network_pass)
+        network_pass.backward(output_grad)
+        self._pending = mpi.start_allreduce_mean_(self.flat.grad.numpy())
+
     def step(self) -> None:
         mpi.finish_allreduce_mean_(self._pending, self.flat.grad.numpy())
         self._pending = None
@@ -45,6 +53,9 @@ class SyncedOptimizer(ABC):
 
     def prepare(self, output: torch.Tensor | None) -> None:
         """Before the gradient: nothing for first-order optimizers."""
+
+    def prepare_pass(self, network_pass) -> None:
+        """Before the gradient of a hand-written pass: nothing for first-order optimizers."""
 
     @abstractmethod
     def apply(self) -> None:
@@ -64,7 +75,18 @@ class SyncedAdam(SyncedOptimizer):
             norm = float(self.flat.grad.norm())
             if norm > self.max_grad_norm:
                 self.flat.grad.mul_(self.max_grad_norm / norm)
-        self.optimizer.step()
+        state = self.optimizer.state.get(self.flat.param)
+        if not state:  # the first step creates the moments (a loaded checkpoint brings its own)
+            self.optimizer.step()
+            return
+        # What Adam.step does for one fused CPU tensor, without its per-call Python (hooks,
+        # grouping by device and dtype, profiler scopes): ~90 us less per step at 140k parameters.
+        group = self.optimizer.param_groups[0]
+        state["step"] += 1
+        torch._fused_adam_([self.flat.param], [self.flat.grad], [state["exp_avg"]], [state["exp_avg_sq"]],
+                           [], [state["step"]], lr=group["lr"], beta1=group["betas"][0],
+                           beta2=group["betas"][1], weight_decay=group["weight_decay"], eps=group["eps"],
+                           amsgrad=group["amsgrad"], maximize=group["maximize"])
 
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()

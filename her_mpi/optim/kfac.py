@@ -58,11 +58,10 @@ class KFACParams:
 
 
 class KFACLayer:
-    """One nn.Linear: its captured activations, running factors and preconditioner."""
+    """One nn.Linear: its running factors and preconditioner."""
 
     def __init__(self, module: nn.Linear):
         self.module = module
-        self.input = self.output = None
         n_in, n_out = module.in_features + 1, module.out_features
         self.A, self.G = torch.zeros(n_in, n_in), torch.zeros(n_out, n_out)
         self.preconditioner: list[torch.Tensor] = []  # eigen: Q_A, d_A, Q_G, d_G; inverse: A^-1, G^-1
@@ -81,9 +80,9 @@ class KFACLayer:
         self.module.bias.grad.copy_(matrix[:, -1])
 
 
-def kronecker_factors(layer: KFACLayer, output_grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Batch estimates of A and G from the captured input and the sampled output gradient."""
-    a = layer.input.reshape(-1, layer.input.shape[-1])
+def kronecker_factors(layer_input: torch.Tensor, output_grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batch estimates of A and G from a layer's input and the sampled gradient of its output."""
+    a = layer_input.reshape(-1, layer_input.shape[-1])
     a = torch.cat([a, a.new_ones(a.shape[0], 1)], dim=1)
     g = output_grad.reshape(-1, output_grad.shape[-1])
     return a.T @ a / a.shape[0], g.T @ g / g.shape[0]
@@ -121,40 +120,32 @@ def precondition(gradient: torch.Tensor, parts: list[torch.Tensor], damping: flo
 
 
 class KFAC(SyncedOptimizer):
-    """Drop-in for :class:`~her_mpi.optim.SyncedAdam`: ``backward(loss, output)`` then ``step()``."""
+    """Drop-in for :class:`~her_mpi.optim.SyncedAdam`: ``backward_pass(network_pass, output_grad)``
+    then ``step()``."""
 
     def __init__(self, module: nn.Module, params: KFACParams, generator: torch.Generator | None = None):
+        if not hasattr(module, "train_forward"):  # the curvature pass comes from the network's own pass
+            raise ValueError(f"K-FAC preconditions networks of nn.Linear layers only (her_mpi.mlp.MLP or "
+                             f"CriticEnsemble); got {type(module).__name__}")
         super().__init__(module)
-        self.params = params
-        for child in module.modules():  # in-place ReLU would overwrite the captured layer outputs
-            if isinstance(child, nn.ReLU):
-                child.inplace = False
+        self.module, self.params = module, params
         self.layers = [KFACLayer(m) for m in module.modules() if isinstance(m, nn.Linear)]
-        if not self.layers:
-            raise ValueError("K-FAC needs a network with nn.Linear layers")
-        covered = sum(p.numel() for layer in self.layers for p in (layer.module.weight, layer.module.bias))
-        if covered != self.flat.param.numel():
-            raise ValueError("K-FAC preconditions nn.Linear layers only; this network has other parameters")
-        for layer in self.layers:
-            layer.module.register_forward_hook(self._capture(layer))
         self.optimizer = torch.optim.SGD([self.flat.param], lr=params.lr, momentum=params.momentum)
         # Fisher samples differ per rank; agents pass their own (seeded, checkpointed) generator.
         self.generator = generator if generator is not None else torch.Generator().manual_seed(7919 + mpi.rank())
         self.n_steps = 0
         self.last_nu = 1.0
 
-    @staticmethod
-    def _capture(layer: KFACLayer):
-        def hook(module, inputs, output):
-            if torch.is_grad_enabled():  # only passes that train this network
-                layer.input, layer.output = inputs[0].detach(), output
-        return hook
-
     # -- the two phases (backward and step come from SyncedOptimizer) ---------------------------
 
     def prepare(self, output: torch.Tensor | None) -> None:
-        if output is not None and self.n_steps % self.params.factor_every == 0:
-            self._update_factors(output)
+        if output is not None:
+            raise RuntimeError("K-FAC takes its curvature from the network's training pass: use "
+                               "backward_pass(network.train_forward(x), d loss / d output)")
+
+    def prepare_pass(self, network_pass) -> None:
+        if self.n_steps % self.params.factor_every == 0:
+            self._update_factors(network_pass)
 
     def apply(self) -> None:
         p = self.params
@@ -173,19 +164,17 @@ class KFAC(SyncedOptimizer):
 
     # -- curvature -----------------------------------------------------------------------------
 
-    def _update_factors(self, output: torch.Tensor) -> None:
-        """Sampled-loss backward pass -> batch factors -> averaged over ranks -> running average."""
-        layers = [layer for layer in self.layers if layer.output is not None and layer.output.requires_grad]
-        if len(layers) != len(self.layers):
-            return  # the network was not run with gradients before this loss (nothing to sample)
-        noise = torch.randn(output.shape, generator=self.generator)
-        output_grads = torch.autograd.grad(output, [l.output for l in layers], grad_outputs=noise,
-                                           retain_graph=True)
-        batch = [kronecker_factors(layer, g) for layer, g in zip(layers, output_grads)]
+    def _update_factors(self, network_pass) -> None:
+        """Sampled-loss backward pass -> batch factors -> averaged over ranks -> running average.
+
+        The sampled pass backpropagates N(0, 1) noise from the output through the layers of the
+        training forward (its kept activations): no autograd graph, no weight gradients."""
+        noise = torch.randn(network_pass.output.shape, generator=self.generator)
+        batch = [kronecker_factors(a, g) for a, g in network_pass.output_gradients(noise)]
         flat = torch.cat([f.reshape(-1) for pair in batch for f in pair])
         mpi.allreduce_mean_(flat.numpy())
         offset, decay = 0, self.params.stat_decay
-        for layer in layers:
+        for layer in self.layers:
             for factor in (layer.A, layer.G):
                 size = factor.numel()
                 new = flat[offset: offset + size].view_as(factor)

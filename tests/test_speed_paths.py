@@ -1,0 +1,284 @@
+"""The hand-written training passes (her_mpi/mlp.py) against plain autograd: the same outputs,
+gradients and K-FAC curvature, and updates of every off-policy algorithm that end in the same
+parameters as the same update written with autograd losses (the code before the hand-written
+passes)."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from her_mpi.config import load_config
+from her_mpi.envs import EnvSpec
+from her_mpi.mlp import CriticEnsemble, mlp
+from her_mpi.nets import FlatParameters
+from her_mpi.optim.kfac import KFAC, KFACParams
+from her_mpi.trainer import build_agent
+
+
+def sequential_reference(network: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+    """The network as the nn.Sequential of Linear and activation modules it is built from."""
+    return nn.Sequential.forward(network, x)
+
+
+@pytest.mark.parametrize("activation", ["relu", "tanh", "elu"])
+@pytest.mark.parametrize("output_activation", [None, nn.Tanh, nn.ReLU])
+def test_mlp_passes_match_autograd(activation, output_activation):
+    torch.manual_seed(0)
+    net = mlp(7, [16, 16], 3, activation, output_activation)
+    FlatParameters(net)  # the optimizer's flat buffer: gradients are written into its views
+    x = torch.randn(11, 7, requires_grad=True)
+    output_grad = torch.randn(11, 3)
+    params = list(net.parameters())
+    reference = sequential_reference(net, x)
+    expected = torch.autograd.grad(reference, [x, *params], output_grad)
+
+    torch.testing.assert_close(net(x), reference)  # autograd forward
+    with torch.no_grad():
+        torch.testing.assert_close(net(x), reference)  # cached-weights forward
+    network_pass = net.train_forward(x.detach())
+    torch.testing.assert_close(network_pass.output, reference)
+    input_grad = network_pass.backward(output_grad, inputs=True)
+    torch.testing.assert_close(input_grad, expected[0])
+    for p, g in zip(params, expected[1:]):
+        torch.testing.assert_close(p.grad, g)
+    frozen = net.train_forward(x.detach(), frozen=True)
+    torch.testing.assert_close(frozen.input_gradient(output_grad), expected[0])
+    with pytest.raises(RuntimeError, match="frozen"):
+        frozen.backward(output_grad)
+
+
+def test_mlp_autograd_forward_is_twice_differentiable():
+    """On-policy algorithms take Hessian-vector products through these networks."""
+    torch.manual_seed(0)
+    net = mlp(3, [8], 2, activation="tanh", output_activation=nn.Tanh)
+    reference = copy.deepcopy(net)
+    x = torch.randn(5, 3)
+    for network in (net, reference):
+        forward = network if network is net else (lambda x: sequential_reference(reference, x))
+        grads = torch.autograd.grad(forward(x).pow(2).sum(), list(network.parameters()), create_graph=True)
+        hvp = torch.autograd.grad(sum(g.sum() for g in grads), list(network.parameters()))
+        if network is net:
+            ours = hvp
+    for mine, theirs in zip(ours, hvp):
+        torch.testing.assert_close(mine, theirs)
+
+
+@pytest.mark.parametrize("flat", [True, False], ids=["flat-buffer-views", "separate-tensors"])
+def test_critic_ensemble_passes_match_its_members(flat):
+    torch.manual_seed(1)
+    critic = CriticEnsemble(9, [16, 16], 2)
+    if flat:  # members back to back in one buffer: the stacks are strided views, not copies
+        FlatParameters(critic)
+    else:
+        for p in critic.parameters():
+            p.grad = torch.zeros_like(p)
+    x = torch.randn(6, 9, requires_grad=True)
+    output_grad = torch.randn(2, 6)
+    params = list(critic.parameters())
+    reference = torch.stack([sequential_reference(m, x).squeeze(-1) for m in critic.members])
+    expected = torch.autograd.grad(reference, [x, *params], output_grad)
+
+    torch.testing.assert_close(critic(x), reference)
+    with torch.no_grad():
+        torch.testing.assert_close(critic(x), reference)
+    network_pass = critic.train_forward(x.detach())
+    torch.testing.assert_close(network_pass.output.squeeze(-1), reference)
+    torch.testing.assert_close(network_pass.backward(output_grad, inputs=True), expected[0])
+    for p, g in zip(params, expected[1:]):
+        torch.testing.assert_close(p.grad, g)
+    stacked_weight = critic.layer_weights()[1][0]
+    assert (stacked_weight.data_ptr() == critic.members[0].linears[1].weight.data_ptr()) == flat
+
+
+def reference_factors(network: nn.Module, x: torch.Tensor, noise: torch.Tensor):
+    """K-FAC's A and G by autograd: hooks on every nn.Linear, noise backpropagated from the output."""
+    captured = []
+    for module in network.modules():  # in place, ReLU would overwrite the captured outputs
+        if isinstance(module, nn.ReLU):
+            module.inplace = False
+    hooks = [m.register_forward_hook(lambda m, i, o: captured.append((i[0].detach(), o)))
+             for m in network.modules() if isinstance(m, nn.Linear)]
+    if isinstance(network, CriticEnsemble):
+        output = torch.stack([sequential_reference(m, x) for m in network.members])
+    else:
+        output = sequential_reference(network, x)
+    for h in hooks:
+        h.remove()
+    grads = torch.autograd.grad(output, [o for _, o in captured], grad_outputs=noise.reshape(output.shape))
+    factors = []
+    for (a, _), g in zip(captured, grads):
+        a = torch.cat([a, torch.ones(len(a), 1)], 1)
+        factors.append((a.T @ a / len(a), g.T @ g / len(g)))
+    return factors
+
+
+@pytest.mark.parametrize("kind", ["actor", "critics"])
+def test_kfac_factors_match_an_autograd_sampled_pass(kind):
+    torch.manual_seed(2)
+    network = mlp(6, [12, 12], 3, output_activation=nn.Tanh) if kind == "actor" else CriticEnsemble(6, [12, 12], 2)
+    params = KFACParams(stat_decay=0.0, factor_every=1, inverse_every=1)
+    optimizer = KFAC(network, params, generator=torch.Generator().manual_seed(5))
+    x = torch.randn(10, 6)
+    noise = torch.randn((10, 3) if kind == "actor" else (2, 10, 1), generator=torch.Generator().manual_seed(5))
+    expected = reference_factors(copy.deepcopy(network), x, noise)
+    network_pass = network.train_forward(x)
+    optimizer.backward_pass(network_pass, 2 * network_pass.output / network_pass.output.numel())
+    optimizer.step()
+    for layer, (A, G) in zip(optimizer.layers, expected):
+        torch.testing.assert_close(layer.A, A)
+        torch.testing.assert_close(layer.G, G)
+
+
+# -- whole updates, against the same updates with autograd losses --------------------------------
+
+def reference_actor_critic_update(agent, batch):
+    """ActorCriticAgent.update with autograd (the code before the hand-written passes)."""
+    x = agent.inputs(batch["obs"], batch["g"])
+    with torch.no_grad():
+        target = agent.td_target(agent.inputs(batch["obs_next"], batch["g_next"]), batch["rewards"],
+                                 batch["terminals"])
+    q = agent.critic(torch.cat([x, batch["actions"]], -1))
+    td_error = target - q
+    critic_loss = td_error.pow(2).mean(-1).sum()
+    agent.critic_optimizer.backward(critic_loss)
+    metrics = {"critic_loss": critic_loss.detach(), "q_mean": q.detach().mean(), "target_mean": target.mean()}
+    optimizers = [agent.critic_optimizer]
+    if agent.name in ("ddpg", "td3"):
+        agent.n_critic_updates += 1
+        metrics["actor_loss"] = agent.last_actor_loss
+        if agent.n_critic_updates % agent.params.policy_delay == 0:
+            action = agent.actor(x)
+            q_pi = agent.critic.members[0](torch.cat([x, action], -1))
+            actor_loss = -q_pi.mean() + agent.params.action_l2 * action.pow(2).mean()
+            agent.actor_optimizer.backward(actor_loss)
+            agent.last_actor_loss = metrics["actor_loss"] = actor_loss.detach()
+            optimizers.append(agent.actor_optimizer)
+    else:  # sac
+        action, log_prob = agent.actor.sample(x, agent.torch_rng)
+        q_pi = agent.critic(torch.cat([x, action], -1)).min(0).values
+        alpha = agent.temperature.alpha
+        actor_loss = (alpha * log_prob - q_pi).mean()
+        agent.actor_optimizer.backward(actor_loss)
+        alpha_loss = -(agent.temperature.log_alpha * (log_prob.detach() + agent.target_entropy)).mean()
+        agent.temperature_optimizer.backward(alpha_loss)
+        metrics.update(actor_loss=actor_loss.detach(), alpha=alpha[0], entropy=-log_prob.detach().mean())
+        optimizers += [agent.actor_optimizer, agent.temperature_optimizer]
+    for optimizer in optimizers:
+        optimizer.step()
+    return metrics, td_error[0].detach().abs()
+
+
+def reference_dqn_update(agent, batch):
+    x = agent.inputs(batch["obs"], batch["g"])
+    with torch.no_grad():
+        x_next = agent.inputs(batch["obs_next"], batch["g_next"])
+        next_action = agent.q_network(x_next).argmax(-1, keepdim=True)
+        target = agent.bootstrap(batch["rewards"], batch["terminals"], agent.q_target(x_next).gather(-1, next_action).squeeze(-1))
+    q_all = agent.q_network(x)
+    q = q_all.gather(-1, batch["actions"]).squeeze(-1)
+    loss = (batch["weights"] * F.huber_loss(q, target, reduction="none", delta=1.0)).mean()
+    agent.optimizer.minimize(loss)
+    return {"q_loss": loss.detach(), "q_mean": q.detach().mean(), "target_mean": target.mean()}, (target - q).detach().abs()
+
+
+SPECS = {
+    "continuous": EnvSpec("FetchPush-v4", 25, 3, False, 4, 0, (-1.0,) * 4, (1.0,) * 4, 50, 0.04),
+    "discrete": EnvSpec("BitFlipping-v0", 10, 10, True, 1, 10, (), (), 10, 0.0),
+}
+
+
+def small_agent(algo: str, hidden="[32,32]"):
+    config = load_config(None, [f"algo={algo}", f"algo.hidden={hidden}", "train.batch_size=16", "replay.size=1000"])
+    spec = SPECS["discrete" if algo == "dqn" else "continuous"]
+    return build_agent(config, spec, seed_sequence=np.random.SeedSequence(4)), spec
+
+
+def synthetic_batch(spec, n, seed):
+    rng = np.random.default_rng(seed)
+    f = lambda *shape: torch.from_numpy(rng.normal(size=shape).astype(np.float32))
+    actions = (torch.from_numpy(rng.integers(0, spec.n_actions, (n, 1))) if spec.discrete
+               else torch.from_numpy(rng.uniform(-1, 1, (n, spec.action_dim)).astype(np.float32)))
+    g = f(n, spec.goal_dim)
+    batch = {"obs": f(n, spec.obs_dim), "obs_next": f(n, spec.obs_dim), "g": g, "g_next": g, "actions": actions,
+             "rewards": -torch.from_numpy((rng.random(n) < 0.7).astype(np.float32)), "terminals": torch.zeros(n)}
+    if spec.discrete:  # DQN with prioritized replay's importance weights
+        batch["weights"] = torch.from_numpy(rng.uniform(0.2, 1.0, n).astype(np.float32))
+    return batch
+
+
+@pytest.mark.parametrize("algo", ["ddpg", "td3", "sac", "dqn"])
+def test_updates_end_where_autograd_updates_end(algo):
+    ours, spec = small_agent(algo)
+    reference, _ = small_agent(algo)
+    reference_update = reference_dqn_update if algo == "dqn" else reference_actor_critic_update
+    for step in range(4):
+        batch = synthetic_batch(spec, 16, step)
+        our_metrics, our_td = ours.update(batch)
+        their_metrics, their_td = reference_update(reference, batch)
+        torch.testing.assert_close(our_td, their_td, rtol=1e-4, atol=1e-5)
+        for key in their_metrics:
+            torch.testing.assert_close(our_metrics[key], their_metrics[key], rtol=1e-4, atol=1e-5, msg=key)
+    theirs = reference.nets.state_dict()
+    changed = 0
+    for name, tensor in ours.nets.state_dict().items():
+        if isinstance(tensor, torch.Tensor):
+            torch.testing.assert_close(tensor, theirs[name], rtol=1e-4, atol=1e-5, msg=name)
+    for name, module in ours.nets.items():
+        fresh = small_agent(algo)[0].nets[name].state_dict()
+        changed += any(isinstance(t, torch.Tensor) and not torch.equal(t, fresh[k]) for k, t in module.state_dict().items())
+    assert changed >= (1 if algo == "dqn" else 2)  # the updates did move the trained networks
+
+
+class MatmulCount(TorchDispatchMode):
+    """Matrix multiplies dispatched (a batched one counts once per batch entry)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm):
+            self.count += 1
+        elif func.overloadpacket in (torch.ops.aten.bmm, torch.ops.aten.baddbmm):
+            self.count += out.shape[0]
+        return out
+
+
+@pytest.mark.parametrize("algo, updates, expected", [("ddpg", 1, 28), ("td3", 2, 64)])
+def test_updates_run_only_the_multiplies_they_need(algo, updates, expected):
+    """L = 3 layers per network. DDPG: targets 2L, critic L forward + L weight + L-1 input
+    gradients, actor L + critic L forward, critic L + actor L-1 input and actor L weight gradients:
+    10L - 2. TD3 over two updates (actor once, two critics): 23L - 5."""
+    agent, spec = small_agent(algo)
+    counter = MatmulCount()
+    with counter:
+        for step in range(updates):
+            agent.update(synthetic_batch(spec, 16, step))
+    assert counter.count == expected
+
+
+def test_synced_adam_steps_exactly_like_torch_adam():
+    """SyncedAdam calls the fused Adam kernel itself after the first step; same bits as Adam.step."""
+    from her_mpi.optim import SyncedAdam
+
+    torch.manual_seed(3)
+    ours, theirs = mlp(5, [8], 3), mlp(5, [8], 3)
+    theirs.load_state_dict(ours.state_dict())
+    synced = SyncedAdam(ours, lr=1e-3)
+    reference = torch.optim.Adam(theirs.parameters(), lr=1e-3, fused=True)
+    for step in range(5):
+        x = torch.randn(7, 5, generator=torch.Generator().manual_seed(step))
+        synced.minimize(ours(x).pow(2).mean())
+        reference.zero_grad()
+        theirs(x).pow(2).mean().backward()
+        reference.step()
+        for a, b in zip(ours.parameters(), theirs.parameters()):
+            assert torch.equal(a, b), step
+    state = synced.optimizer.state[synced.flat.param]
+    assert float(state["step"]) == 5
