@@ -21,9 +21,13 @@ ended, so frames are buffered one episode at a time) and ``step t/T``.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import ctypes.util
+import gc
 import inspect
 import io
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -70,15 +74,36 @@ def select_gl_backend(environ: dict | None = None) -> str:
                              f"{', '.join(GL_BACKENDS)} (or leave it unset to choose automatically)")
         return f"MUJOCO_GL={explicit} (set in the environment)"
     if environ.get("DISPLAY") or environ.get("WAYLAND_DISPLAY"):
-        return "glfw, egl and osmesa in turn (a display is present and MUJOCO_GL is unset)"
+        return "glfw (a display is set and MUJOCO_GL is not; gymnasium tries egl, then osmesa, if glfw cannot start)"
     environ["MUJOCO_GL"] = "egl"
     return "MUJOCO_GL=egl (chosen because there is no display)"
 
 
-def gl_install_hint() -> str:
-    return ("Install an OpenGL backend: EGL (`apt-get install libegl1 libgl1-mesa-dri`, or a GPU "
-            "driver) for MUJOCO_GL=egl, or OSMesa (`apt-get install libosmesa6`) with MUJOCO_GL=osmesa; "
-            "with a display (or under xvfb-run) MUJOCO_GL=glfw works too.")
+def gl_error(what: str, backend: str, exc: BaseException) -> VideoError:
+    reason = f"{type(exc).__name__}: {str(exc).strip().rstrip('.')}"
+    library = {"egl": "EGL", "osmesa": "OSMesa"}.get(os.environ.get("MUJOCO_GL", ""))
+    if library and ctypes.util.find_library(library) is None:
+        reason = f"no lib{library} is installed ({reason})"
+    display = os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
+    unusable_display = (f" If the display ({display}) is not usable here (e.g. over ssh), set MUJOCO_GL=egl."
+                        if display and "MUJOCO_GL" not in os.environ else "")
+    return VideoError(
+        f"cannot {what} with {backend}: {reason}. Install an OpenGL backend: EGL "
+        "(`apt-get install libegl1 libgl1-mesa-dri`, or a GPU driver) for MUJOCO_GL=egl, or OSMesa "
+        "(`apt-get install libosmesa6`) with MUJOCO_GL=osmesa; with a display (or under xvfb-run) "
+        f"MUJOCO_GL=glfw works too.{unusable_display}")
+
+
+@contextlib.contextmanager
+def unraisable_silenced():
+    """Half-built OpenGL objects of a failed context creation complain in ``__del__``
+    ("Exception ignored in ...") when collected; the error they belong to is reported already."""
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda unraisable: None
+    try:
+        yield
+    finally:
+        sys.unraisablehook = hook
 
 
 def video_format(path: str | Path) -> str:
@@ -133,10 +158,16 @@ class RenderEnv:
 
         check_frame_size(width, height, "gif")
         self.width, self.height = width, height
+        backend = backend or f"MUJOCO_GL={os.environ.get('MUJOCO_GL', '(unset)')}"
+        try:
+            import mujoco  # noqa: F401  (loads the OpenGL bindings MUJOCO_GL names; the envs need it)
+        except Exception as exc:
+            raise gl_error("load MuJoCo's OpenGL bindings", backend, exc) from None
         register_envs()
         if env_cfg.id not in gym.registry:
             make_env(env_cfg)  # raises the usual "unknown environment ... did you mean" error
-        creator = load_env_creator(gym.spec(env_cfg.id).entry_point)
+        entry_point = gym.spec(env_cfg.id).entry_point
+        creator = entry_point if callable(entry_point) else load_env_creator(entry_point)
         modes = (getattr(creator, "metadata", None) or {}).get("render_modes", [])
         self.drawer = None
         if "rgb_array" in modes:
@@ -165,9 +196,12 @@ class RenderEnv:
             self.close()
             raise
         except Exception as exc:  # whatever the GL stack raises: EGL/OSMesa/GLFW errors, ImportError
-            self.close()
-            raise VideoError(f"cannot render {env_cfg.id} offscreen with {backend or 'MUJOCO_GL=' + os.environ.get('MUJOCO_GL', '(unset)')}: "
-                             f"{type(exc).__name__}: {exc}. {gl_install_hint()}") from None
+            error = gl_error(f"render {env_cfg.id} offscreen", backend, exc)
+            with unraisable_silenced():
+                exc.__traceback__ = None  # its frames hold the half-built context: collect it now
+                self.close()
+                gc.collect()
+            raise error from None
 
     def frame(self):
         """The current state as a PIL RGB image of the requested size, goal marked."""
