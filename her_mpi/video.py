@@ -508,8 +508,9 @@ def gif_bytes(frames: Iterator[np.ndarray], fps: float) -> tuple[bytes, int]:
     """An animated GIF of ``frames`` (looping) and its number of frames."""
     from PIL import Image
 
-    # One adaptive palette per frame, no dithering (dither noise makes frames differ and bloat).
-    images = [Image.fromarray(np.asarray(f, np.uint8)).quantize(256, method=Image.Quantize.MEDIANCUT,
+    # One palette per frame (fast octree: 5x faster than median cut here, as good on these
+    # scenes) and no dithering (its noise makes every frame differ and the file grow).
+    images = [Image.fromarray(np.asarray(f, np.uint8)).quantize(256, method=Image.Quantize.FASTOCTREE,
                                                                 dither=Image.Dither.NONE) for f in frames]
     if not images:
         return b"", 0
