@@ -81,7 +81,10 @@ class TrainConfig:
 class ReplayConfig:
     size: int = 1_000_000  # transitions per rank
     strategy: Literal["future", "final", "episode", "random", "none"] = "future"
-    replay_k: int = 4  # relabelled fraction is 1 - 1/(1 + replay_k)
+    replay_k: int = 4  # hindsight goals: a share replay_k / (1 + replay_k + actual_k) of each batch
+    # "futureactual" (mrl): a share actual_k / (1 + replay_k + actual_k) of each batch gets the
+    # desired goal of another stored transition; 0 (baselines): none
+    actual_k: int = 0
     prioritized: bool = False
     alpha: float = 0.6  # priority exponent
     beta: float = 0.4  # initial importance-weight exponent, annealed linearly to 1
@@ -91,6 +94,7 @@ class ReplayConfig:
     def validate(self, path: str) -> None:
         check(self.size >= 1, f"{path}.size", self.size, "an integer >= 1")
         check(self.replay_k >= 0, f"{path}.replay_k", self.replay_k, "an integer >= 0")
+        check(self.actual_k >= 0, f"{path}.actual_k", self.actual_k, "an integer >= 0")
         check(0.0 <= self.alpha <= 1.0, f"{path}.alpha", self.alpha, "a number in [0, 1]")
         check(0.0 <= self.beta <= 1.0, f"{path}.beta", self.beta, "a number in [0, 1]")
         check(self.beta_anneal_updates >= 0, f"{path}.beta_anneal_updates",

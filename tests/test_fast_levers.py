@@ -129,3 +129,62 @@ def test_n_step_batch_keeps_the_one_step_fields_unchanged():
         np.testing.assert_array_equal(one[key], both[key], err_msg=key)
     assert {"rewards_n", "terminals_n", "discounts_n", "obs_n", "g_n"} <= set(both)
     assert np.all(both["discounts_n"] <= GAMMA)
+
+
+# -- n-step targets in the agents ---------------------------------------------------------------
+
+def agent_and_batch(algo: str, n_step: int, correction: str):
+    import torch
+
+    from her_mpi.config import load_config
+    from her_mpi.envs import env_spec, make_env
+    from her_mpi.rollout import RolloutWorker
+    from her_mpi.trainer import build_agent
+
+    config = load_config("fetch_reach_td3", [f"algo={algo}", f"algo.n_step={n_step}",
+                                             f"algo.n_step_correction={correction}"])
+    worker = RolloutWorker(config.env, 2, np.random.SeedSequence(0))
+    agent = build_agent(config, worker.spec, worker.envs[0], np.random.SeedSequence(1))
+    episodes = worker.generate(lambda o, g: agent.act(o, g, explore=True), 4)
+    agent.buffer.store(episodes)
+    batch = agent.buffer.sample(64, "future", 4, np.random.default_rng(2), n_step=n_step, gamma=agent.gamma)
+    return agent, agent.batch_tensors(batch), torch
+
+
+@pytest.mark.parametrize("algo", ["td3", "sac"])
+def test_n_step_target_is_the_n_step_return_plus_the_discounted_value(algo):
+    agent, batch, torch = agent_and_batch(algo, 3, "none")
+    x_next = agent.inputs(batch["obs_next"], batch["g_next"])
+    with torch.no_grad():
+        state = agent.torch_rng.get_state()
+        target = agent.td_target(batch, x_next)
+        agent.torch_rng.set_state(state)  # the same target-policy noise for the reference
+        value, bonus = agent.next_value(agent.inputs(batch["obs_n"], batch["g_n"]))
+    expected = (batch["rewards_n"] + batch["discounts_n"] * (1 - batch["terminals_n"]) * value).clamp(-1 / (1 - agent.gamma), 0)
+    if bonus is not None:
+        expected = expected + batch["discounts_n"] * (1 - batch["terminals_n"]) * bonus
+    torch.testing.assert_close(target, expected)
+    assert np.all(batch["discounts_n"].numpy() <= agent.gamma + 1e-6)
+
+
+def test_lower_bound_correction_takes_the_larger_of_the_one_and_n_step_targets():
+    agent, batch, torch = agent_and_batch("ddpg", 3, "lower_bound")  # no target noise: deterministic
+    x_next = agent.inputs(batch["obs_next"], batch["g_next"])
+    with torch.no_grad():
+        # a pessimistic critic (as early in training): then the n-step return often wins
+        list(agent.critic_target.parameters())[-1].fill_(-30.0)
+        target = agent.td_target(batch, x_next)
+        one = agent.bootstrap(batch["rewards"], batch["terminals"], agent.next_value(x_next)[0])
+        many = agent.bootstrap(batch["rewards_n"], batch["terminals_n"],
+                               agent.next_value(agent.inputs(batch["obs_n"], batch["g_n"]))[0],
+                               discounts=batch["discounts_n"])
+    torch.testing.assert_close(target, torch.maximum(one, many))
+    assert (many > one).any() and (one > many).any()  # both sides matter on real data
+
+
+def test_n_step_off_gives_the_one_step_target():
+    agent, batch, torch = agent_and_batch("ddpg", 1, "lower_bound")
+    x_next = agent.inputs(batch["obs_next"], batch["g_next"])
+    with torch.no_grad():
+        expected = (batch["rewards"] + agent.gamma * (1 - batch["terminals"]) * agent.next_value(x_next)[0]).clamp(-50, 0)
+        torch.testing.assert_close(agent.td_target(batch, x_next), expected)

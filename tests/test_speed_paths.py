@@ -140,8 +140,7 @@ def reference_actor_critic_update(agent, batch):
     """ActorCriticAgent.update with autograd (the code before the hand-written passes)."""
     x = agent.inputs(batch["obs"], batch["g"])
     with torch.no_grad():
-        target = agent.td_target(agent.inputs(batch["obs_next"], batch["g_next"]), batch["rewards"],
-                                 batch["terminals"])
+        target = agent.td_target(batch, agent.inputs(batch["obs_next"], batch["g_next"]))
     q = agent.critic(torch.cat([x, batch["actions"]], -1))
     td_error = target - q
     critic_loss = td_error.pow(2).mean(-1).sum()

@@ -82,17 +82,13 @@ class ActorCriticAgent(OffPolicyAgent):
     # -- one update ----------------------------------------------------------------------------
 
     @abstractmethod
-    def td_target(self, x_next, rewards, terminals) -> torch.Tensor:
-        """r + gamma * (1 - terminal) * Q_target(s', a') with the algorithm's a' and bonus."""
-
-    @abstractmethod
     def backward_actor(self, x: torch.Tensor, metrics: dict) -> list:
         """Compute the actor's (and other) gradients; return the optimizers to step."""
 
     def update(self, batch):
         x, x_next = self.input_pair(batch)
         with torch.no_grad():
-            target = self.td_target(x_next, batch["rewards"], batch["terminals"])
+            target = self.td_target(batch, x_next)
         critic_pass = self.critic.train_forward(torch.cat([x, batch["actions"]], -1))
         q = critic_pass.output.squeeze(-1)  # [n_critics, batch]
         td_error = target - q

@@ -108,10 +108,20 @@ class OffPolicyParams:
     polyak: float = 0.95  # target <- polyak * target + (1 - polyak) * online
     target_update_every: int = 0  # 0: once per cycle after its updates (baselines); N: every N updates
     clip_target: bool = True  # clip TD targets to the return range, [-1/(1-gamma), 0] for -1/0 rewards
+    # TD targets over n stored steps (the rewards under the sampled goal, then the target value):
+    # faster propagation of sparse rewards, biased towards the behaviour's returns
+    n_step: int = 1
+    # lower_bound: the larger of the one-step and the n-step target. With sparse rewards the
+    # n-step return of any behaviour plus the value after it is a lower bound of Q*, so it can only
+    # raise an underestimate (He et al. 2017, "optimality tightening"); none: the n-step target
+    n_step_correction: str = "lower_bound"
 
     def validate(self, path: str) -> None:
         check(self.gamma is None or 0.0 <= self.gamma < 1.0, f"{path}.gamma", self.gamma,
               "a number in [0, 1) or null")
+        check(self.n_step >= 1, f"{path}.n_step", self.n_step, "an integer >= 1")
+        check(self.n_step_correction in ("lower_bound", "none"), f"{path}.n_step_correction",
+              self.n_step_correction, "'lower_bound' or 'none'")
         check(0.0 <= self.polyak <= 1.0, f"{path}.polyak", self.polyak, "a number in [0, 1]")
         check(self.target_update_every >= 0, f"{path}.target_update_every",
               self.target_update_every, "an integer >= 0")
@@ -152,7 +162,8 @@ class OffPolicyAgent(Agent):
         collected = []
         for _ in range(train.n_batches):
             batch = self.buffer.sample(train.batch_size, replay.strategy, replay.replay_k, self.rng,
-                                       beta=self.beta())
+                                       beta=self.beta(), actual_k=replay.actual_k,
+                                       n_step=self.params.n_step, gamma=self.gamma)
             metrics, td_error = self.update(self.batch_tensors(batch))
             if "indices" in batch:
                 self.buffer.update_priorities(batch["indices"], td_error.numpy())
@@ -188,12 +199,42 @@ class OffPolicyAgent(Agent):
         self.inputs.observe(sample["obs"], sample["g"])
         self.inputs.sync()
 
-    def bootstrap(self, rewards, terminals, next_value) -> torch.Tensor:
-        """The TD target r + gamma * (1 - terminal) * next_value, clipped like baselines."""
-        target = rewards + self.gamma * (1.0 - terminals) * next_value
+    @abstractmethod
+    def next_value(self, x_next: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The target networks' value of the next input, and a bonus that is not task reward
+        (SAC's entropy term) or None."""
+
+    def td_target(self, batch: dict[str, torch.Tensor], x_next: torch.Tensor) -> torch.Tensor:
+        """The batch's TD target (no gradient): one-step, the n-step return (``n_step`` > 1), or
+        with ``n_step_correction: lower_bound`` the larger of the two (one pass of the target
+        networks over both next inputs). SAC's entropy bonus enters at the bootstrap state only."""
+        if self.params.n_step == 1:
+            return self.bootstrap(batch["rewards"], batch["terminals"], *self.next_value(x_next))
+        x_n = self.inputs(batch["obs_n"], batch["g_n"])
+        n_step = (batch["rewards_n"], batch["terminals_n"])
+        if self.params.n_step_correction == "none":
+            return self.bootstrap(*n_step, *self.next_value(x_n), discounts=batch["discounts_n"])
+        value, bonus = self.next_value(torch.cat([x_next, x_n]))
+        (value_one, value_n), (bonus_one, bonus_n) = value.chunk(2), \
+            bonus.chunk(2) if bonus is not None else (None, None)
+        one = self.bootstrap(batch["rewards"], batch["terminals"], value_one, bonus_one)
+        return torch.maximum(one, self.bootstrap(*n_step, value_n, bonus_n, discounts=batch["discounts_n"]))
+
+    def bootstrap(self, rewards, terminals, next_value, next_bonus=None, discounts=None) -> torch.Tensor:
+        """The TD target r + discount * (1 - terminal) * (next_value + next_bonus), the discount
+        gamma or, for n-step returns, gamma to the number of steps (``discounts``).
+
+        The return part r + discount * (1 - terminal) * next_value is clipped like baselines; a
+        bonus that is not task reward (SAC's entropy term) is added after the clip, since the
+        clip's bounds are those of the task return (near success its upper bound 0 would cancel
+        it)."""
+        discount = (self.gamma if discounts is None else discounts) * (1.0 - terminals)
+        target = rewards + discount * next_value
         if self.params.clip_target:  # rewards in [lo, hi] bound returns to [lo, hi] / (1 - gamma)
             low, high = self.spec.reward_bounds
             target = target.clamp(min(low, 0.0) / (1.0 - self.gamma), max(high, 0.0) / (1.0 - self.gamma))
+        if next_bonus is not None:
+            target = target + discount * next_bonus
         return target
 
     def update_targets(self) -> None:

@@ -68,16 +68,17 @@ class DQN(OffPolicyAgent):
     def policy(self) -> DeployablePolicy:
         return DeployablePolicy(self.inputs, self.q_network, GreedyAction())
 
+    def next_value(self, x_next):
+        q_next_all = self.q_target(x_next)
+        if self.params.double:  # the online network picks the action, the target network values it
+            next_action = self.q_network(x_next).argmax(-1, keepdim=True)
+            return q_next_all.gather(-1, next_action).squeeze(-1), None
+        return q_next_all.max(-1).values, None
+
     def update(self, batch):
         x, x_next = self.input_pair(batch)
         with torch.no_grad():
-            q_next_all = self.q_target(x_next)
-            if self.params.double:
-                next_action = self.q_network(x_next).argmax(-1, keepdim=True)
-                q_next = q_next_all.gather(-1, next_action).squeeze(-1)
-            else:
-                q_next = q_next_all.max(-1).values
-            target = self.bootstrap(batch["rewards"], batch["terminals"], q_next)
+            target = self.td_target(batch, x_next)
         q_pass = train_forward(self.q_network, x)
         q_all = q_pass.output.detach()
         q = q_all.gather(-1, batch["actions"]).squeeze(-1)

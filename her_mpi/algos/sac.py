@@ -134,10 +134,10 @@ class SAC(ActorCriticAgent):
             action = self.actor.sample(x, self.torch_rng)[0].numpy()
         return self.explore(action)
 
-    def td_target(self, x_next, rewards, terminals):
+    def next_value(self, x_next):
         action_next, log_prob_next = self.actor.sample(x_next, self.torch_rng)
         q_next = self.critic_target(torch.cat([x_next, action_next], -1)).min(0).values
-        return self.bootstrap(rewards, terminals, q_next - self.temperature.alpha * log_prob_next)
+        return q_next, -self.temperature.alpha * log_prob_next
 
     def backward_actor(self, x, metrics):
         actor_pass = self.actor.train_forward(x, self.torch_rng)

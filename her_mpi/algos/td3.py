@@ -62,14 +62,13 @@ class TD3(ActorCriticAgent):
         noise = self.params.noise_eps * self.rng.standard_normal(action.shape, np.float32)
         return self.explore(np.clip(action + noise, -1.0, 1.0))
 
-    def td_target(self, x_next, rewards, terminals):
+    def next_value(self, x_next):
         p = self.params
         action_next = self.actor_target(x_next)
         if p.target_noise > 0:
             noise = torch.randn(action_next.shape, generator=self.torch_rng) * p.target_noise
             action_next = (action_next + noise.clamp(-p.target_noise_clip, p.target_noise_clip)).clamp(-1, 1)
-        q_next = self.critic_target(torch.cat([x_next, action_next], -1)).min(0).values
-        return self.bootstrap(rewards, terminals, q_next)
+        return self.critic_target(torch.cat([x_next, action_next], -1)).min(0).values, None
 
     def backward_actor(self, x, metrics):
         self.n_critic_updates += 1
