@@ -117,7 +117,10 @@ class NormalizerConfig:
 @dataclass
 class CheckpointConfig:
     every: int = 5  # also keep checkpoints/epoch_NNNN.pt every N epochs (0: never)
-    save_buffer: bool = False  # each rank also writes its replay buffer (large) for exact resume
+    # Keep each rank's replay buffer with the checkpoints (checkpoints/replay_rank<r>/), so a resume
+    # continues exactly; each save writes only the episodes stored since the previous one.
+    # false: a resumed run starts with empty replay buffers.
+    save_buffer: bool = True
 
     def validate(self, path: str) -> None:
         check(self.every >= 0, f"{path}.every", self.every, "an integer >= 0")

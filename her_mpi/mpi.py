@@ -71,6 +71,11 @@ def broadcast_(array: np.ndarray, root: int = 0) -> np.ndarray:
     return array
 
 
+def barrier() -> None:
+    if COMM.Get_size() > 1:
+        COMM.Barrier()
+
+
 def broadcast_object(obj, root: int = 0):
     return COMM.bcast(obj, root=root) if COMM.Get_size() > 1 else obj
 
@@ -84,11 +89,33 @@ def allgather_object(obj) -> list:
 
 
 def mean_over_ranks(values: dict[str, float]) -> dict[str, float]:
-    """Average a dict of scalars over ranks in one collective (every rank passes the same keys)."""
+    """Average a dict of scalars over ranks (every rank must pass the same keys).
+
+    The keys travel with the values (a sorted tuple, allgathered once per call: this runs once
+    per epoch), so a rank with another set of keys is a clear error on every rank, not a silent
+    average of mismatched entries."""
     keys = sorted(values)
+    if COMM.Get_size() > 1:
+        everyone = COMM.allgather(tuple(keys))
+        if any(k != everyone[0] for k in everyone):
+            raise ValueError("mean_over_ranks: ranks passed different keys: "
+                             + describe_key_differences([set(k) for k in everyone]))
     vector = np.array([float(values[k]) for k in keys], dtype=np.float64)
     allreduce_mean_(vector)
     return dict(zip(keys, vector.tolist()))
+
+
+def describe_key_differences(key_sets: list[set]) -> str:
+    """E.g. "rank 1 lacks 'test_return'; rank 1 has extra 'q_max'" (relative to all ranks' union)."""
+    union, common = set().union(*key_sets), set.intersection(*key_sets)
+    parts = []
+    for r, keys in enumerate(key_sets):
+        missing, extra = sorted(union - keys), sorted(keys - common)
+        if missing:
+            parts.append(f"rank {r} lacks {', '.join(map(repr, missing))}")
+        if extra:
+            parts.append(f"rank {r} has {', '.join(map(repr, extra))}, which not every rank has")
+    return "; ".join(parts)
 
 
 def digest(arrays: dict[str, np.ndarray]) -> dict[str, str]:

@@ -3,18 +3,36 @@
 Every rank runs this same program. Configs, env ids and checkpoints are validated on every rank
 before the first collective; if any rank finds a problem, all ranks exit with status 2 and
 rank 0 prints what is wrong. After that an exception on any rank aborts the whole job.
+
+Exit statuses (every rank exits with the same one, and so does mpirun):
+
+* 0  trained to ``train.n_epochs``;
+* 1  a rank crashed (its traceback is printed) or was killed; the job was aborted. The last
+     complete checkpoint is on disk: ``--resume`` continues from it;
+* 2  bad input (config, env, checkpoint, run directory), reported before any training;
+* 3  a non-finite loss, gradient or parameter; stopped without writing a checkpoint from it;
+* 4  a checkpoint, replay or log file could not be written (disk full, read-only directory);
+     the previous checkpoint is intact;
+* 75 stopped by SIGTERM, SIGINT or SIGUSR1 (on any rank) after finishing the current cycle and
+     writing a checkpoint; ``--resume RUN_DIR`` continues exactly (``EX_TEMPFAIL``: try again).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import time
 from pathlib import Path
 
+import yaml
+
 from her_mpi import mpi
-from her_mpi.checkpoint import load_checkpoint
-from her_mpi.config import RECIPES_DIR, Config, ConfigError, load_config, recipe_names
+from her_mpi.checkpoint import CheckpointWriteError, atomic_write, load_checkpoint
+from her_mpi.config import (RECIPES_DIR, Config, ConfigError, apply_override, config_from_dict, load_config,
+                            recipe_names)
+
+EXIT_OK, EXIT_CRASHED, EXIT_BAD_INPUT, EXIT_NON_FINITE, EXIT_WRITE_FAILED, EXIT_PREEMPTED = 0, 1, 2, 3, 4, 75
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -28,7 +46,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="override one config value, e.g. --set train.n_epochs=20 (repeatable)")
     parser.add_argument("--run-dir", help="output directory (default: runs/<env>-<algo>-<time>)")
     parser.add_argument("--resume", metavar="RUN_DIR",
-                        help="continue a run from RUN_DIR/checkpoints/latest.pt at its next epoch")
+                        help="continue a run exactly where RUN_DIR/checkpoints/latest.pt left it, with the "
+                             "config it was saved with (plus any --set); --config replaces that config")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("--list-recipes", action="store_true", help="list the packaged recipes and exit")
     return parser.parse_args(argv)
@@ -51,11 +70,17 @@ def resolve(args: argparse.Namespace) -> tuple[Config, Path, dict | None]:
     resume = None
     if args.resume:
         resume = load_checkpoint(args.resume)
-        recipe = args.config or Path(args.resume) / "config.yaml"
         if args.run_dir and Path(args.run_dir).resolve() != Path(args.resume).resolve():
             raise ConfigError("--run-dir and --resume name different directories; a resumed run "
                               "continues in its own directory")
-        return load_config(recipe, args.overrides), Path(args.resume), resume
+        if args.config:
+            config = load_config(args.config, args.overrides)
+        else:  # the config in effect at the checkpoint (earlier resumes' overrides included)
+            raw = copy.deepcopy(resume["config"])
+            for item in args.overrides:
+                apply_override(raw, item)
+            config = config_from_dict(raw)
+        return config, run_dir_of(Path(args.resume), resume), resume
     config = load_config(args.config, args.overrides)
     if args.run_dir:
         run_dir = Path(args.run_dir)
@@ -66,6 +91,53 @@ def resolve(args: argparse.Namespace) -> tuple[Config, Path, dict | None]:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         run_dir = Path("runs") / f"{config.env.id}-{config.algo_name}-{stamp}"
     return config, run_dir, resume
+
+
+def run_dir_of(path: Path, checkpoint: dict) -> Path:
+    """The run directory of ``--resume PATH`` (a run directory or a checkpoint file in one)."""
+    checkpoint_path = Path(checkpoint["path"])
+    if checkpoint_path.parent.name == "checkpoints" and not path.is_dir():
+        return checkpoint_path.parent.parent
+    return path
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and key != "kwargs":
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def record_run_start(args: argparse.Namespace, config: Config, run_dir: Path, resume: dict | None) -> None:
+    """Rank 0, before training: a new run writes config.yaml; a resume keeps it and appends what
+    it changed to resumes.yaml (time, command line, n_ranks, the checkpoint it starts from)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_path = run_dir / "config.yaml"
+    if resume is None or not config_path.is_file():
+        atomic_write(config_path, lambda f: f.write(config.to_yaml()), mode="w")
+    if resume is None:
+        return
+    before, after = flatten(resume["config"]), flatten(config.to_dict())
+    entry = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "n_ranks": mpi.size(),
+        "from_checkpoint": {"epoch": resume["epoch"] + 1, "cycle": resume["cycle"],
+                            "env_steps": resume["env_steps"], "n_ranks": resume["n_ranks"]},
+        "config": str(args.config) if args.config else None,
+        "overrides": list(args.overrides),
+        "changed": {key: {"before": before.get(key), "after": after.get(key)}
+                    for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)},
+        "command": " ".join(sys.argv),
+    }
+    resumes_path = run_dir / "resumes.yaml"
+    history = []
+    if resumes_path.is_file():
+        history = yaml.safe_load(resumes_path.read_text()) or []
+    history.append(entry)
+    atomic_write(resumes_path, lambda f: f.write(yaml.safe_dump(history, sort_keys=False)), mode="w")
 
 
 def main(argv=None) -> int:
@@ -94,19 +166,46 @@ def _main(args: argparse.Namespace) -> int:
     reports = mpi.allgather_object((error, str(run_dir) if run_dir else None))
     failures = [(r, e) for r, (e, _) in enumerate(reports) if e]
     if failures:
+        rank, message = failures[0]
         if mpi.is_root():
-            rank, message = failures[0]
             where = f" (on rank {rank})" if mpi.size() > 1 and any(e != message for _, e in failures) else ""
             print(f"her_mpi.train: error{where}: {message}", file=sys.stderr, flush=True)
-        return 2
+        return EXIT_BAD_INPUT
     trainer.run_dir = Path(reports[0][1])  # rank 0's choice (the default name holds a timestamp)
+    error = None
     if mpi.is_root():
-        trainer.run_dir.mkdir(parents=True, exist_ok=True)
-        (trainer.run_dir / "config.yaml").write_text(config.to_yaml())
+        try:
+            record_run_start(args, config, trainer.run_dir, resume)
+        except (CheckpointWriteError, OSError) as exc:
+            error = str(exc)
+    error = mpi.broadcast_object(error)
+    if error is not None:
+        if mpi.is_root():
+            print(f"her_mpi.train: error: {error}", file=sys.stderr, flush=True)
+        return EXIT_WRITE_FAILED
+    if mpi.is_root():
         print(f"her_mpi: {config.env.id} with {trainer.algo} on {mpi.size()} rank(s); "
               f"writing to {trainer.run_dir}", flush=True)
-    trainer.run()
-    return 0
+    return train_until_done(trainer)
+
+
+def train_until_done(trainer) -> int:
+    """Run the trainer; a halt that every rank reached alike becomes its documented status."""
+    from her_mpi.trainer import CheckpointFailed, NonFiniteError, Preempted
+
+    try:
+        trainer.run()
+        return EXIT_OK
+    except Preempted as exc:
+        message, status = f"her_mpi.train: {exc}", EXIT_PREEMPTED
+    except NonFiniteError as exc:
+        message, status = f"her_mpi.train: error: {exc}", EXIT_NON_FINITE
+    except CheckpointFailed as exc:
+        message, status = f"her_mpi.train: error: {exc}", EXIT_WRITE_FAILED
+    if mpi.is_root():
+        print(message, file=sys.stderr, flush=True)
+    mpi.barrier()  # nobody exits (mpirun then stops the others) before every rank is done
+    return status
 
 
 if __name__ == "__main__":

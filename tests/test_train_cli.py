@@ -49,11 +49,15 @@ def test_progress_line_per_epoch(finished_run):
 
 def test_checkpoint_holds_what_resuming_needs(finished_run):
     run_dir, _ = finished_run
-    state = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=False)
-    assert state["algo"] == "ddpg" and state["epoch"] == 1 and state["n_ranks"] == 2
+    state = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)  # plain data only
+    assert state["algo"] == "ddpg" and state["epoch"] == 1 and state["n_ranks"] == 2 and state["cycle"] == 0
     assert {"actor", "critic", "actor_target", "critic_target"} <= {k.split(".")[0] for k in state["agent"]["nets"]}
     assert set(state["agent"]["optimizers"]) == {"actor", "critic"}
-    assert len(state["rng"]) == 2  # every rank's streams
+    assert len(state["ranks"]) == 2  # every rank's own state
+    assert {"agent", "train_envs", "test_envs", "torch_global"} <= set(state["ranks"][1]["rng"])
+    for rank in (0, 1):  # replay buffers are kept by default
+        generation = state["ranks"][rank]["replay_generation"]
+        assert (run_dir / "checkpoints" / f"replay_rank{rank}" / f"manifest-g{generation:08d}.json").is_file()
 
 
 def test_resume_continues_at_the_next_epoch(finished_run):
@@ -85,22 +89,27 @@ def test_other_algorithms_checkpoint_and_resume(tmp_path, algo, extra):
     assert list(rows[0])[: len(CONTRACT_COLUMNS)] == CONTRACT_COLUMNS
 
 
-def test_replay_buffer_can_be_saved_per_rank(tmp_path):
+def test_replay_buffers_are_kept_unless_switched_off(tmp_path):
     run_dir = tmp_path / "run"
     args = ["-m", "her_mpi.train", "--run-dir", run_dir, "--set", "train.n_epochs=1",
-            "--set", "checkpoint.save_buffer=true", *TINY]
+            "--set", "checkpoint.save_buffer=true", *TINY]  # the key the sweep runner passes
     result = run_mpi(2, args)
     assert result.returncode == 0, describe(result)
     for rank in (0, 1):
-        assert (run_dir / "checkpoints" / f"replay_rank{rank}.npz").is_file()
+        assert (run_dir / "checkpoints" / f"replay_rank{rank}" / "manifest-g00000001.json").is_file()
     result = run_mpi(2, ["-m", "her_mpi.train", "--resume", run_dir, "--set", "train.n_epochs=2",
                          "--set", "checkpoint.save_buffer=false"])
     assert result.returncode == 0 and "empty replay buffer" not in result.stderr, describe(result)
-    # The replay files are now an epoch older than latest.pt: they must not be paired with it.
+    # That resume saved no replay files: the next one starts with empty buffers and says so.
+    # (A resume keeps the checkpoint's config, save_buffer=false included, unless told otherwise.)
     result = run_mpi(2, ["-m", "her_mpi.train", "--resume", run_dir, "--set", "train.n_epochs=3",
                          "--set", "checkpoint.save_buffer=true"])
     assert result.returncode == 0, describe(result)
-    assert "replay_rank1.npz is not from epoch 1; starting with an empty replay buffer" in result.stderr
+    assert "rank 1: no replay files of checkpoint generation 2" in result.stderr, describe(result)
+    assert "starting with an empty replay buffer, so this resume is not exact" in result.stderr
+    # and it saved them again: only the newest generation's files remain
+    assert sorted(p.name for p in (run_dir / "checkpoints" / "replay_rank0").glob("manifest-*")) == \
+        ["manifest-g00000003.json"]
 
 
 def test_resume_on_fewer_ranks_keeps_counting_env_steps(tmp_path):
@@ -109,6 +118,8 @@ def test_resume_on_fewer_ranks_keeps_counting_env_steps(tmp_path):
     assert result.returncode == 0, describe(result)
     result = run_mpi(1, ["-m", "her_mpi.train", "--resume", run_dir, "--set", "train.n_epochs=2"])
     assert result.returncode == 0, describe(result)
+    assert "not restored: each rank's random streams" in result.stderr, describe(result)
+    assert "the replay buffers of old ranks 1..1" in result.stderr, describe(result)
     first, second = read_progress(run_dir)
     assert int(first["n_ranks"]) == 2 and int(second["n_ranks"]) == 1
     per_rank_epoch = int(first["env_steps_per_rank"])

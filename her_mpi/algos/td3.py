@@ -90,8 +90,11 @@ class TD3(ActorCriticAgent):
         return [self.actor_optimizer]
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "n_critic_updates": self.n_critic_updates}
+        # last_actor_loss: the metric logged on updates that skip the actor (an exact resume logs it too)
+        return {**super().state_dict(), "n_critic_updates": self.n_critic_updates,
+                "last_actor_loss": self.last_actor_loss}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.n_critic_updates = state["n_critic_updates"]
+        self.last_actor_loss = state["last_actor_loss"]

@@ -9,6 +9,7 @@ the average and applies it.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 
 import torch
@@ -16,6 +17,15 @@ from torch import nn
 
 from her_mpi import mpi
 from her_mpi.nets import FlatParameters
+
+
+class NonFiniteValue(ArithmeticError):
+    """A non-finite averaged gradient. It is averaged over ranks (a NaN on one rank reaches all),
+    so every rank raises this at the same update, without another collective."""
+
+    def __init__(self, optimizer: "SyncedOptimizer", what: str):
+        super().__init__(f"non-finite {what}")
+        self.optimizer, self.what = optimizer, what
 
 
 class SyncedOptimizer(ABC):
@@ -45,6 +55,10 @@ class SyncedOptimizer(ABC):
     def step(self) -> None:
         mpi.finish_allreduce_mean_(self._pending, self.flat.grad.numpy())
         self._pending = None
+        # One reduction (NaN and Inf propagate through a sum): cheap enough for every update. The
+        # parameters are checked once per cycle by the training loop, before any checkpoint.
+        if not math.isfinite(float(self.flat.grad.sum())):
+            raise NonFiniteValue(self, "gradient")
         self.apply()
 
     def minimize(self, loss: torch.Tensor, output: torch.Tensor | None = None) -> None:

@@ -128,6 +128,7 @@ class EpisodeStore:
         self.lengths = np.zeros(capacity, np.int64)
         self.n_episodes = 0  # stored episodes (<= capacity)
         self.next_slot = 0  # ring position of the next insertion
+        self.n_stored = 0  # episodes ever stored: checkpoints save the ones added since their last save
         self._cumulative_lengths = None
 
     @classmethod
@@ -154,6 +155,7 @@ class EpisodeStore:
         self.actions[slots], self.lengths[slots] = episodes.actions, episodes.lengths
         self.next_slot = int((self.next_slot + n) % self.capacity)
         self.n_episodes = min(self.capacity, self.n_episodes + n)
+        self.n_stored += n
         self._cumulative_lengths = None
         return slots
 
@@ -284,15 +286,52 @@ class ReplayBuffer(EpisodeStore):
     def update_priorities(self, flat_indices: np.ndarray, td_errors: np.ndarray) -> None:
         self.priorities.update(flat_indices, td_errors)
 
-    # -- persistence (optional part of a checkpoint) ---------------------------------------------
+    # -- persistence (her_mpi.checkpoint.ReplayStore: each save writes only what changed) --------
+
+    # The per-episode arrays, capacity-major (row = episode slot); a new per-episode array must be
+    # listed here to survive a resume.
+    EPISODE_FIELDS = ("obs", "ag", "g", "actions", "lengths")
+
+    def episode_fields(self) -> dict[str, np.ndarray]:
+        return {name: getattr(self, name) for name in self.EPISODE_FIELDS}
+
+    def slots_stored_since(self, n_stored_before: int) -> np.ndarray:
+        """Slots written since ``n_stored`` was ``n_stored_before``, oldest first."""
+        n = min(self.n_stored - int(n_stored_before), self.n_episodes)
+        return (self.next_slot - n + np.arange(n)) % self.capacity
+
+    def ring_state(self) -> dict:
+        """The ring's position and counters (plain numbers)."""
+        state = {"capacity": self.capacity, "horizon": self.horizon, "next_slot": int(self.next_slot),
+                 "n_episodes": int(self.n_episodes), "n_stored": int(self.n_stored)}
+        if self.priorities is not None:
+            state["max_priority"] = float(self.priorities.max_priority)
+        return state
+
+    def priority_leaves(self) -> np.ndarray | None:
+        """Every stored transition's priority (None without prioritized replay). The sum tree's
+        inner nodes are sums of their children, so the leaves determine the tree exactly."""
+        if self.priorities is None:
+            return None
+        return self.priorities.tree.get(np.arange(self.n_episodes * self.horizon)).copy()
+
+    def restore_ring(self, ring: dict, priority_leaves: np.ndarray | None) -> None:
+        """After the episode arrays were filled: the ring position, counters and priorities."""
+        self.next_slot, self.n_episodes = int(ring["next_slot"]), int(ring["n_episodes"])
+        self.n_stored = int(ring.get("n_stored", self.n_episodes))
+        self._cumulative_lengths = None
+        if self.priorities is not None and priority_leaves is not None:
+            self.priorities.tree.update(np.arange(len(priority_leaves)), priority_leaves)
+            self.priorities.max_priority = float(ring["max_priority"])
 
     def state_dict(self) -> dict:
+        """The whole buffer as arrays (the stored episodes only)."""
         n = self.n_episodes
-        state = {"obs": self.obs[:n], "ag": self.ag[:n], "g": self.g[:n], "actions": self.actions[:n],
-                 "lengths": self.lengths[:n], "next_slot": self.next_slot}
-        if self.priorities is not None:
-            state["priorities"] = self.priorities.tree.get(np.arange(n * self.horizon))
-            state["max_priority"] = self.priorities.max_priority
+        state = {name: array[:n] for name, array in self.episode_fields().items()}
+        state.update({k: v for k, v in self.ring_state().items() if k not in ("capacity", "horizon")})
+        leaves = self.priority_leaves()
+        if leaves is not None:
+            state["priorities"] = leaves
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -300,10 +339,6 @@ class ReplayBuffer(EpisodeStore):
         if n > self.capacity or state["obs"].shape[1:] != self.obs.shape[1:]:
             raise ValueError(f"saved replay buffer ({n} episodes of shape {state['obs'].shape[1:]}) "
                              f"does not fit this buffer ({self.capacity} of {self.obs.shape[1:]})")
-        for name in ("obs", "ag", "g", "actions", "lengths"):
-            getattr(self, name)[:n] = state[name]
-        self.n_episodes, self.next_slot = n, int(state["next_slot"])
-        self._cumulative_lengths = None
-        if self.priorities is not None and "priorities" in state:
-            self.priorities.tree.update(np.arange(n * self.horizon), state["priorities"])
-            self.priorities.max_priority = float(state["max_priority"])
+        for name, array in self.episode_fields().items():
+            array[:n] = state[name]
+        self.restore_ring({**state, "n_episodes": n}, state.get("priorities"))
