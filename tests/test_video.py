@@ -318,10 +318,14 @@ def test_videos_move_no_training_stream(video_run, tmp_path):
         else:
             yield prefix, node
 
-    for part in ("agent", "rng"):
-        a, b = dict(leaves(with_video[part])), dict(leaves(without[part]))
-        assert a.keys() == b.keys()
-        for key in a:
-            same = torch.equal(a[key], b[key]) if isinstance(a[key], torch.Tensor) else \
-                np.array_equal(np.asarray(a[key]), np.asarray(b[key]))
-            assert same, f"{part}{key} differs when videos are recorded"
+    # Everything but the config (it holds the video settings) and the wall-clock time: networks,
+    # optimizers, counters and every rank's random streams.
+    ignored = {"config", "time_s"}
+    a = dict(leaves({k: v for k, v in with_video.items() if k not in ignored}))
+    b = dict(leaves({k: v for k, v in without.items() if k not in ignored}))
+    assert a.keys() == b.keys()
+    assert any("rng" in key for key in a), sorted(a)[:20]  # the random streams are compared
+    for key in a:
+        same = torch.equal(a[key], b[key]) if isinstance(a[key], torch.Tensor) else \
+            np.array_equal(np.asarray(a[key]), np.asarray(b[key]))
+        assert same, f"{key} differs when videos are recorded"
