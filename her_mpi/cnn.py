@@ -95,9 +95,52 @@ class ConvGoalNet(nn.Module):
         self.features = last * height * width
         self.head = mlp(self.features + goal_dim, hidden, out_dim, activation, output_activation)
 
+    def input_layer(self) -> tuple[nn.Linear, int, int]:
+        """(first layer that sees x directly, x's first column it sees, its first such input):
+        the goal columns x[:, obs_dim:] enter the FC head after the conv features."""
+        return next(m for m in self.head.modules() if isinstance(m, nn.Linear)), self.obs_dim, self.features
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         image = x[:, : self.obs_dim].reshape(-1, *self.obs_shape)
         return self.head(torch.cat([self.convs(image), x[:, self.obs_dim:]], dim=-1))
+
+
+def input_layer(network: nn.Module) -> tuple[nn.Linear, int, int]:
+    """(first linear layer reading the input x, first x column it reads, its matching input
+    column): an MLP reads all of x from its first layer; the CNN reads the goal part in its head."""
+    if hasattr(network, "input_layer"):
+        return network.input_layer()
+    return next(m for m in network.modules() if isinstance(m, nn.Linear)), 0, 0
+
+
+@torch.no_grad()
+def preserve_function(networks: list[nn.Module], old: tuple, new: tuple) -> None:
+    """Rewrite each network's first layer so that it computes on inputs normalised with the
+    ``new`` (mean, std) what it computed with the ``old`` ones: W' = W diag(std_new / std_old),
+    b' = b + W (mean_new - mean_old) / std_old (exact wherever the clip at +-clip is inactive).
+    ``old``/``new``: per x column, from ``input_statistics``; columns with fixed scaling (image
+    pixels) are absent from both. In place, so flat parameter views stay valid."""
+    (mean_old, std_old, start), (mean_new, std_new, _) = old, new
+    if mean_old is None:
+        return
+    scale, shift = std_new / std_old, (mean_new - mean_old) / std_old
+    for network in networks:
+        layer, x_start, column = input_layer(network)
+        columns = slice(column + start - x_start, column + start - x_start + len(scale))
+        weight = layer.weight[:, columns]
+        layer.bias.add_(weight @ shift)
+        weight.mul_(scale)
+
+
+def input_statistics(inputs: nn.Module) -> tuple:
+    """(mean, std, first x column) of the normalised part of an input path's output (copies)."""
+    if isinstance(inputs, ImageGoalInput):
+        norm = inputs.goal_normalizer
+        return (norm.mean.clone(), norm.std.clone(), inputs.obs_dim) if norm.enabled else (None, None, 0)
+    obs, goal = inputs.obs_normalizer, inputs.goal_normalizer
+    if not obs.enabled:
+        return None, None, 0
+    return torch.cat([obs.mean, goal.mean]), torch.cat([obs.std, goal.std]), 0
 
 
 def network_body(spec, in_dim: int, hidden: list[int], out_dim: int, activation: str = "relu",

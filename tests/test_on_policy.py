@@ -42,7 +42,7 @@ def test_htrpo_constraint_is_the_weighted_qkl_of_its_policy():
         old_log_prob = agent.policy_net.log_prob_of(old, actions)
         agent.policy_net.log_std.add_(0.3)  # move the policy away from the old one
         new_log_prob = agent.policy_net.log_prob(x, actions)
-    batch = {"x": x, "actions": actions, "old": old, "old_log_prob": old_log_prob,
+    batch = {"x": x, "actions": actions, "anchor": old, "anchor_log_prob": old_log_prob,
              "coefficients": torch.full((500,), 1 / 500)}
     # the paper's units: (1 - gamma) * sum of coefficient * QKL (coefficients here: 1/500 per row)
     expected = (1 - agent.params.gamma) * 0.5 * (old_log_prob - new_log_prob).pow(2).mean()
@@ -164,7 +164,9 @@ def test_htrpo_weights_are_the_papers_trajectory_normalised_sum():
     # D = (1 - gamma) * sum_rows coefficient * QKL: a constant QKL of k per row gives
     # (1 - gamma) * k * sum(h gamma^t) / N_traj, a sum over time, not a mean over the 18 rows
     with torch.no_grad():
-        divergence = float(agent.divergence({**batch, "old_log_prob": batch["old_log_prob"] + 0.1}))
+        anchor = tuple(t.detach() for t in agent.policy_net.params(batch["x"]))
+        anchor_log_prob = agent.policy_net.log_prob_of(anchor, batch["actions"]) + 0.1  # log-ratio 0.1 per row
+        divergence = float(agent.divergence({**batch, "anchor": anchor, "anchor_log_prob": anchor_log_prob}))
     assert divergence == pytest.approx((1 - 0.9) * 0.5 * 0.1 ** 2 * expected.sum(), rel=1e-5)
 
 
@@ -235,7 +237,7 @@ def test_old_log_probs_are_the_collecting_policys(algo, step, monkeypatch):
     agent.learn(episodes)
     n_original = int(episodes.lengths.sum())  # the original goals' rows come first
     np.testing.assert_allclose(seen["old_log_prob"][:n_original].numpy(), collecting, rtol=1e-5, atol=1e-5)
-    assert agent.inputs.obs_normalizer.total[-1] > 1  # the normalizers did take the batch in, afterwards
+    assert agent.inputs.obs_normalizer.total[-1] > 1  # the normalizers did take the batch in
 
 
 def test_relabelled_copies_reference_the_collecting_parameters_under_their_goal(monkeypatch):
@@ -288,3 +290,22 @@ def test_ppo_steps_while_the_kl_is_below_the_target():
              "returns": torch.zeros(64)}
     metrics = agent.optimize(batch)
     assert metrics["minibatch_steps"] >= 1
+
+
+def test_normalizer_updates_preserve_the_on_policy_networks_functions():
+    agent, config = predator_prey_agent("htrpo", dims=2)
+    episodes, _ = collect(agent, config)
+    agent.update_normalizers(episodes)  # statistics of the data: no input near the clip range
+    episodes, _ = collect(agent, config, n_episodes=2)
+    obs = torch.from_numpy(episodes.obs[:, :-1].reshape(-1, 4))
+    goals = torch.from_numpy(episodes.g[:, :-1].reshape(-1, 2))
+    with torch.no_grad():
+        before = agent.policy_net(agent.inputs(obs, goals)), agent.value_net(agent.inputs(obs, goals))
+        normalised_before = agent.inputs(obs, goals)
+    for _ in range(2):
+        agent.update_normalizers_preserving(episodes)
+    with torch.no_grad():
+        after = agent.policy_net(agent.inputs(obs, goals)), agent.value_net(agent.inputs(obs, goals))
+        assert not torch.allclose(agent.inputs(obs, goals), normalised_before)  # the statistics did change
+    torch.testing.assert_close(after[0], before[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(after[1], before[1], rtol=1e-4, atol=1e-5)

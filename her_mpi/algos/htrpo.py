@@ -193,13 +193,12 @@ class HindsightAgent(OnPolicyAgent):
         batch["rewards"] = torch.from_numpy(self.rewards(episodes, data))
         copy, t = data.rows
         with torch.no_grad():
-            old = detach_params(self.policy_net.params(batch["x"]))
-            log_prob_goal = self.policy_net.log_prob_of(old, batch["actions"])
+            log_prob_goal = self.policy_net.log_prob(batch["x"], batch["actions"])
             ep = data.source[copy]
             x_own = self.inputs(torch.from_numpy(episodes.obs[ep, t]), torch.from_numpy(episodes.g[ep, t]))
             log_prob_own = self.policy_net.log_prob(x_own, batch["actions"])
             del x_own
-        batch["old"], batch["old_log_prob"] = old, log_prob_goal
+        batch["old_log_prob"] = log_prob_goal
         weights = self.importance_weights(data, copy, t, (log_prob_goal - log_prob_own).numpy(),
                                           n_original=n_original, n_goals=len(goals))
         n_trajectories = global_sum(n)[0] * (len(goals) + (1 if p.original_goals else 0))
@@ -237,7 +236,17 @@ class HindsightAgent(OnPolicyAgent):
     def learn(self, episodes: Episodes) -> dict[str, float]:
         p = self.params
         goals = self.select_goals(episodes) if p.hindsight else np.zeros((0, self.spec.goal_dim), np.float32)
-        batch, data = self.build_batch(episodes, goals)
+        batch, data = self.build_batch(episodes, goals)  # the collecting policy's log-probs and weights
+        # Then the normalizers take the batch in, with the networks rewritten to compute the same
+        # functions, and the step is taken in the new statistics (the ones the next batch is
+        # collected with). The importance ratio divides by the collecting policy; the trust region
+        # is anchored at the policy the step starts from: the same policy, up to inputs beyond the
+        # normalizer's clip range.
+        self.update_normalizers_preserving(episodes, goals)
+        batch.update(self.row_tensors(episodes, data))
+        with torch.no_grad():
+            batch["anchor"] = detach_params(self.policy_net.params(batch["x"]))
+            batch["anchor_log_prob"] = self.policy_net.log_prob_of(batch["anchor"], batch["actions"])
         n_rows = global_sum(len(batch["x"]))[0]
         with torch.no_grad():  # advantages (TD(0) by default) and critic targets from the current critic
             value = self.value_net(batch["x"]).squeeze(-1)
@@ -255,7 +264,6 @@ class HindsightAgent(OnPolicyAgent):
         with torch.no_grad():
             entropy = float(self.policy_net.entropy(batch["x"][:1024]).mean())
         metrics.update(n_goals=float(len(goals)), rows=float(n_rows), entropy=entropy)
-        self.update_normalizers(episodes, goals)  # only now: this batch's reference is the collecting policy
         self.n_iterations += 1
         return metrics
 
@@ -265,18 +273,18 @@ class HindsightAgent(OnPolicyAgent):
         return (batch["coefficients"] * ratio * batch["advantages"]).sum()
 
     def divergence(self, batch, rows: torch.Tensor | None = None, kl: str = "qkl") -> torch.Tensor:
-        """This rank's part of the trust-region quantity D (paper units, module docstring),
-        estimated from ``rows`` only, rescaled, when given."""
+        """This rank's part of the trust-region quantity D (paper units, module docstring) between
+        the step's anchor and the current policy, estimated from ``rows`` only, rescaled, when given."""
         if rows is not None:
             scale = len(batch["x"]) / max(len(rows), 1)
-            batch = {k: batch[k][rows] for k in ("x", "actions", "old_log_prob", "coefficients")} | {
-                "old": tuple(t[rows] for t in batch["old"])}
+            batch = {k: batch[k][rows] for k in ("x", "actions", "anchor_log_prob", "coefficients")} | {
+                "anchor": tuple(t[rows] for t in batch["anchor"])}
             return scale * self.divergence(batch, kl=kl)
         new = self.policy_net.params(batch["x"])
         if kl == "analytic":
-            per_row = self.policy_net.kl(batch["old"], new)
+            per_row = self.policy_net.kl(batch["anchor"], new)
         else:
-            log_ratio = batch["old_log_prob"] - self.policy_net.log_prob_of(new, batch["actions"])
+            log_ratio = batch["anchor_log_prob"] - self.policy_net.log_prob_of(new, batch["actions"])
             per_row = 0.5 * log_ratio.pow(2) if kl == "qkl" else log_ratio
         return (1.0 - self.params.gamma) * (batch["coefficients"] * per_row).sum()
 
@@ -353,4 +361,4 @@ class HPG(HindsightAgent):
         self.policy_optimizer.minimize(-surrogate * mpi.size())  # averaged over ranks: the global sum
         with torch.no_grad():
             kl = global_sum(float(self.divergence(batch)))[0]  # QKL in HTRPO's units, for comparison
-        return {"surrogate": float(global_sum(float(surrogate))[0]), "kl": kl}
+        return {"surrogate": float(global_sum(float(surrogate.detach()))[0]), "kl": kl}

@@ -10,10 +10,12 @@ Everything that must agree across ranks goes through :mod:`her_mpi.mpi`: sums fo
 weights and advantages, and gradients.
 
 The ratio's reference is the policy that collected the batch: an iteration computes every "old"
-log-probability (for relabelled copies: the collecting parameters under the copy's goal) and
-learns with the normalizer statistics the batch was collected with, and only then adds the batch
-to the normalizers. (Updating them first would silently move the reference away from the
-collecting policy: the ratio would start at 1 for a policy that never acted.)
+log-probability (for relabelled copies: the collecting parameters under the copy's goal) before
+the normalizers take the batch in. (Computing them after would silently move the reference away
+from the collecting policy: the ratio would start at 1 for a policy that never acted.) PPO then
+learns in the statistics the batch was collected with and updates the normalizers afterwards
+(VecNormalize's semantics); HTRPO updates them first and anchors its trust region at the policy
+its step starts from (see HindsightAgent.learn).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch
 from her_mpi import mpi
 from her_mpi.algos.base import Agent
 from her_mpi.algos.policies import CategoricalPolicy, GaussianPolicy
-from her_mpi.cnn import network_body
+from her_mpi.cnn import input_statistics, network_body, preserve_function
 from her_mpi.config import check
 from her_mpi.envs import EnvSpec
 from her_mpi.nets import ActionScaler, DeployablePolicy, GreedyAction
@@ -143,7 +145,7 @@ class OnPolicyAgent(Agent):
 
     def update_normalizers(self, episodes: Episodes, extra_goals: np.ndarray | None = None) -> None:
         """Statistics of the observations and of every goal the policy will be conditioned on
-        (collective). Called after the iteration's updates: see the module docstring."""
+        (collective). Called once the collecting policy's log-probabilities are taken."""
         valid = np.arange(episodes.obs.shape[1])[None, :] <= episodes.lengths[:, None]
         goals = [episodes.g[valid], episodes.ag[valid]]
         if extra_goals is not None and len(extra_goals):
@@ -151,6 +153,18 @@ class OnPolicyAgent(Agent):
         self.inputs.obs_normalizer.observe(episodes.obs[valid])
         self.inputs.goal_normalizer.observe(np.concatenate(goals))
         self.inputs.sync()
+
+    def update_normalizers_preserving(self, episodes: Episodes, extra_goals: np.ndarray | None = None) -> None:
+        """Update the normalizers and rewrite the first layers of the policy and value networks
+        so that both compute the same functions of the raw inputs as before (collective).
+
+        The policy that collected the batch is then also the policy the update starts from, in
+        the new statistics: importance ratios start at 1 and the trust region measures the step,
+        not the normalizer's drift (which would otherwise move the policy, unconstrained, by
+        several nats per action early in training)."""
+        old = input_statistics(self.inputs)
+        self.update_normalizers(episodes, extra_goals)
+        preserve_function([self.policy_net, self.value_net], old, input_statistics(self.inputs))
 
     def row_tensors(self, episodes: Episodes, data: Relabelled) -> dict[str, torch.Tensor]:
         """Network inputs of the valid rows under the copy's goal (now and at the next state)."""
