@@ -26,6 +26,7 @@ the update costs; robust to being descheduled on a shared machine) and wall time
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
@@ -88,11 +89,10 @@ def run_floor(calls) -> None:
         mm(a, b)
 
 
-def make_agent(algo: str, overrides: list[str] = ()):
-    """The agent of ``algo``'s recipe and batches sampled from its replay buffer filled with
-    random-policy episodes of the real env."""
-    name, _, optimizer = algo.partition("+")
-    config = load_config(RECIPES[algo], [f"train.seed=0", *overrides])
+def make_agent(algo_or_recipe: str, overrides: list[str] = ()):
+    """The agent of a recipe (or of ``algo``'s recipe) and batches sampled from its replay buffer
+    filled with random-policy episodes of the real env."""
+    config = load_config(RECIPES.get(algo_or_recipe, algo_or_recipe), ["train.seed=0", *overrides])
     worker = RolloutWorker(config.env, 2, np.random.SeedSequence(1))
     agent = build_agent(config, worker.spec, worker.envs[0], np.random.SeedSequence(2))
     rng = np.random.default_rng(3)
@@ -104,9 +104,10 @@ def make_agent(algo: str, overrides: list[str] = ()):
     agent.buffer.store(episodes)
     agent.update_normalizers(episodes)
     replay, train = config.replay, config.train
-    batches = [agent.batch_tensors(agent.buffer.sample(train.batch_size, replay.strategy, replay.replay_k,
-                                                       agent.rng, beta=agent.beta()))
+    samples = [agent.buffer.sample(train.batch_size, replay.strategy, replay.replay_k, agent.rng, beta=agent.beta())
                for _ in range(16)]
+    batches = [{k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in sample.items() if k != "indices"}
+               for sample in samples]  # as learn() converts them
     return agent, batches
 
 
@@ -162,17 +163,42 @@ def measure_kfac(algo: str, reps: int) -> dict:
     kfac_updates, adam_updates = Updates(kfac, kfac_batches), Updates(adam, adam_batches)
     kfac_updates(block)  # warm-up, and block-aligned: each block pays one inverse refresh
     adam_updates(block)
-    kfac_t, adam_t = [], []
+    # Both floors over a whole block: K-FAC's own multiplies (preconditioning, factors) bound
+    # how close to Adam it can get.
+    floors = []
+    for updates in (kfac_updates, adam_updates):
+        recorder = MatmulRecorder()
+        with recorder:
+            updates(block)
+        floors.append(floor_calls(recorder.operands))
+    kfac_t, adam_t, floor_t = [], [], []
     for _ in range(reps):
         kfac_t.append(timed(kfac_updates, block))
         adam_t.append(timed(adam_updates, block))
-    row = {"block_updates": block}
+        floor_t.append((timed(run_floor, floors[0]), timed(run_floor, floors[1])))
+    row = {"block_updates": block, "kfac_matmuls_per_update": len(floors[0]) / block,
+           "adam_matmuls_per_update": len(floors[1]) / block}
     for k, clock in enumerate(("cpu", "wall")):
         u = statistics.median(t[k] for t in kfac_t) / block * 1e3
         a = statistics.median(t[k] for t in adam_t) / block * 1e3
+        kf = statistics.median(t[0][k] for t in floor_t) / block * 1e3
+        af = statistics.median(t[1][k] for t in floor_t) / block * 1e3
         row.update({f"kfac_ms_{clock}": round(u, 3), f"adam_ms_{clock}": round(a, 3),
-                    f"ratio_{clock}": round(u / a, 3)})
+                    f"ratio_{clock}": round(u / a, 3), f"kfac_floor_ms_{clock}": round(kf, 3),
+                    f"adam_floor_ms_{clock}": round(af, 3), f"floor_ratio_{clock}": round(kf / af, 3)})
     return row
+
+
+def standalone_update_ms(recipe: str, overrides: list[str], updates: int) -> dict:
+    """Mean ms per update of ``updates`` consecutive updates (whole target/actor periods),
+    alone in this process (no MPI, no sampling): what the learn phase is compared with."""
+    agent, batches = make_agent(recipe, overrides)
+    run = Updates(agent, batches)
+    period = max(2, getattr(agent.params, "target_update_every", 0) or 1)
+    run(period * 10)  # warm-up
+    cpu, wall = timed(run, updates - updates % period)
+    n = updates - updates % period
+    return {"cpu_ms": 1e3 * cpu / n, "wall_ms": 1e3 * wall / n, "updates": n}
 
 
 def main() -> None:
@@ -181,9 +207,16 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=60, help="timed pairs per algorithm (K-FAC: blocks)")
     parser.add_argument("--kfac-reps", type=int, default=5)
     parser.add_argument("--name", default="update_floor")
+    parser.add_argument("--standalone", metavar="RECIPE", help="only print the standalone update time of RECIPE "
+                        "as JSON (bench/epoch_time.py runs this beside its training)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--updates", type=int, default=400, help="with --standalone")
     args = parser.parse_args()
     torch.set_num_threads(1)  # as the trainer: one thread per rank
     torch.set_flush_denormal(True)
+    if args.standalone:
+        print(json.dumps(standalone_update_ms(args.standalone, args.overrides, args.updates)))
+        return
 
     floors, kfac = {}, {}
     for algo in args.algos:
@@ -197,9 +230,12 @@ def main() -> None:
     for algo, r in floors.items():
         print(f"{algo:10} {r['update_ms_cpu']:10.2f} {r['floor_ms_cpu']:9.2f} {r['ratio_cpu']:6.2f}   "
               f"({r['ratio_wall']:.2f})")
+    if kfac:
+        print(f"\n{'K-FAC':10} {'update ms':>10} {'Adam ms':>9} {'ratio':>6}   (wall ratio)   floors: K-FAC/Adam")
     for algo, r in kfac.items():
-        print(f"{algo:10} {r['kfac_ms_cpu']:10.2f} {'adam':>5} {r['adam_ms_cpu']:5.2f}x "
-              f"{r['ratio_cpu']:.2f}   ({r['ratio_wall']:.2f})")
+        print(f"{algo:10} {r['kfac_ms_cpu']:10.2f} {r['adam_ms_cpu']:9.2f} {r['ratio_cpu']:6.2f}   "
+              f"({r['ratio_wall']:.2f})          {r['kfac_floor_ms_cpu']:.2f}/{r['adam_floor_ms_cpu']:.2f} "
+              f"= {r['floor_ratio_cpu']:.2f}")
     save(args.name, {"torch_threads": 1, "reps": args.reps, "kfac_reps": args.kfac_reps,
                      "target_ratio": 1.15, "target_kfac_ratio": 1.2, "floor": floors, "kfac": kfac})
 

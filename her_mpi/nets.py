@@ -109,6 +109,15 @@ class FlatParameters:
     def zero_grad(self) -> None:
         self.grad.zero_()
 
+    def use_gradient_buffer(self, buffer: torch.Tensor) -> None:
+        """Keep the gradient in ``buffer`` (e.g. a part of one buffer shared by several networks,
+        averaged by one collective); the parameters' ``.grad`` become views of it."""
+        offset = 0
+        for p in self.params:
+            p.grad = buffer[offset: offset + p.numel()].view_as(p)
+            offset += p.numel()
+        self.grad = self.param.grad = buffer
+
 
 def flat_target_copy(module: nn.Module) -> tuple[nn.Module, torch.Tensor]:
     """A frozen copy of ``module`` (for targets) and its flat parameter tensor."""

@@ -281,3 +281,36 @@ def test_synced_adam_steps_exactly_like_torch_adam():
             assert torch.equal(a, b), step
     state = synced.optimizer.state[synced.flat.param]
     assert float(state["step"]) == 5
+
+
+@pytest.mark.parametrize("mode, momentum", [("factored", 0.8), ("plain", 0.0)])
+def test_kfac_step_matches_the_explicit_natural_gradient_with_sgd_momentum(mode, momentum):
+    """K-FAC's step: the natural gradient from the Kronecker factors (via ``precondition``, checked
+    against explicit Kronecker algebra in test_kfac.py), scaled by the KL clip, then torch SGD."""
+    torch.manual_seed(4)
+    net = mlp(5, [8], 3, output_activation=nn.Tanh)
+    params = KFACParams(lr=0.05, damping=0.1, damping_mode=mode, momentum=momentum, kl_clip=1e-3,
+                        factor_every=1, inverse_every=2)
+    optimizer = KFAC(net, params, generator=torch.Generator().manual_seed(0))
+    reference_param = optimizer.flat.param.clone().requires_grad_()
+    reference_sgd = torch.optim.SGD([reference_param], lr=params.lr, momentum=momentum)
+    from her_mpi.optim.kfac import precondition
+    for step in range(4):
+        x = torch.randn(9, 5, generator=torch.Generator().manual_seed(step))
+        network_pass = net.train_forward(x)
+        optimizer.backward_pass(network_pass, network_pass.output / 9)
+        gradient = optimizer.flat.grad.clone()
+        optimizer.step()
+        natural = []
+        for layer in optimizer.layers:  # the preconditioners this step used
+            w, b = layer.module.weight, layer.module.bias
+            g = torch.cat([gradient[w.storage_offset(): w.storage_offset() + w.numel()].view_as(w),
+                           gradient[b.storage_offset(): b.storage_offset() + b.numel()][:, None]], 1)
+            v = precondition(g, layer.preconditioner, params.damping, mode)
+            natural += [v[:, :-1].reshape(-1), v[:, -1]]
+        natural = torch.cat(natural)
+        nu = min(1.0, (params.kl_clip / abs(float(natural @ gradient) * params.lr ** 2)) ** 0.5)
+        assert optimizer.last_nu == pytest.approx(nu, rel=1e-5)
+        reference_param.grad = natural * nu
+        reference_sgd.step()
+        torch.testing.assert_close(optimizer.flat.param, reference_param.detach(), rtol=1e-5, atol=1e-7)

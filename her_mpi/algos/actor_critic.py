@@ -16,7 +16,7 @@ import torch
 from her_mpi.algos.base import OffPolicyAgent, OffPolicyParams
 from her_mpi.config import ConfigError, check
 from her_mpi.nets import ActionScaler, CriticEnsemble, DeployablePolicy, flat_target_copy
-from her_mpi.optim import SyncedAdam
+from her_mpi.optim import GradientGroup, SyncedAdam
 from her_mpi.optim.kfac import KFAC
 
 
@@ -66,6 +66,11 @@ class ActorCriticAgent(OffPolicyAgent):
         self.actor_optimizer = self.make_optimizer(actor, self.params.lr_actor)
         if with_target:
             self.target_pairs.append((actor_target_flat, self.actor_optimizer.flat.param))
+
+    def share_gradient_averaging(self, *others) -> None:
+        """One Allreduce per update for all the networks' gradients, the critic's first (a
+        critic-only update averages that part alone); subclasses call this once all exist."""
+        GradientGroup([self.critic_optimizer, self.actor_optimizer, *others])
 
     def optimizers(self) -> dict:
         return {"actor": self.actor_optimizer, "critic": self.critic_optimizer}

@@ -9,6 +9,7 @@ store the episodes, update the normalizers from a hindsight-relabelled sample of
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
@@ -157,14 +158,19 @@ class OffPolicyAgent(Agent):
 
     def learn(self, episodes: Episodes) -> dict[str, float]:
         train, replay = self.config.train, self.config.replay
+        started, waited = time.perf_counter(), self.waited_s()
         self.buffer.store(episodes)
         self.update_normalizers(episodes)
-        collected = []
+        collected, sampling, updating = [], 0.0, 0.0
         for _ in range(train.n_batches):
+            tick = time.perf_counter()
             batch = self.buffer.sample(train.batch_size, replay.strategy, replay.replay_k, self.rng,
                                        beta=self.beta(), actual_k=replay.actual_k,
                                        n_step=self.params.n_step, gamma=self.gamma)
-            metrics, td_error = self.update(self.batch_tensors(batch))
+            tensors = self.batch_tensors(batch)
+            tock = time.perf_counter()
+            metrics, td_error = self.update(tensors)
+            sampling, updating = sampling + tock - tick, updating + time.perf_counter() - tock
             if "indices" in batch:
                 self.buffer.update_priorities(batch["indices"], td_error.numpy())
             collected.append(metrics)
@@ -178,7 +184,19 @@ class OffPolicyAgent(Agent):
             self.update_targets()
         if not collected:
             return {}
-        return {k: float(torch.stack([m[k] for m in collected]).mean()) for k in collected[0]}
+        result = {k: float(torch.stack([m[k] for m in collected]).mean()) for k in collected[0]}
+        # Where the learn phase goes, in ms per update: sampling (relabelling, rewards, tensors),
+        # the update itself (its wait for the other ranks' gradients included, and also shown on
+        # its own) and everything else (storing, normalizers, target networks, sync checks).
+        n, total = len(collected), time.perf_counter() - started
+        result.update(learn_sample_ms=1e3 * sampling / n, learn_update_ms=1e3 * updating / n,
+                      learn_wait_ms=1e3 * (self.waited_s() - waited) / n,
+                      learn_other_ms=1e3 * (total - sampling - updating) / n)
+        return result
+
+    def waited_s(self) -> float:
+        """Seconds this agent's optimizers have waited for other ranks so far."""
+        return sum(getattr(optimizer, "wait_s", 0.0) for optimizer in self.optimizers().values())
 
     def input_pair(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Network inputs of (obs, g) and of (obs_next, g_next), the goal after the step (it may

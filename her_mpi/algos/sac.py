@@ -122,6 +122,7 @@ class SAC(ActorCriticAgent):
         self.temperature_optimizer = self.make_optimizer(self.temperature, p.lr_alpha)
         self.nets["temperature"] = self.temperature
         self.target_entropy = p.target_entropy if p.target_entropy is not None else -float(spec.action_dim)
+        self.share_gradient_averaging(self.temperature_optimizer)
 
     def optimizers(self) -> dict:
         return {**super().optimizers(), "temperature": self.temperature_optimizer}

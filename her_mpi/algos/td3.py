@@ -53,6 +53,7 @@ class TD3(ActorCriticAgent):
                            output_activation=nn.Tanh), with_target=True)
         self.n_critic_updates = 0
         self.last_actor_loss = torch.zeros(())
+        self.share_gradient_averaging()
 
     def act(self, obs: np.ndarray, g: np.ndarray, explore: bool) -> np.ndarray:
         with torch.inference_mode():

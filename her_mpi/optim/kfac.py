@@ -19,11 +19,16 @@ Under MPI every rank computes factors on its own batch; the factors are allreduc
 collective) and the gradient is averaged as usual before preconditioning, so all ranks take the
 identical step. The eigen-decompositions or inverses (the n^3 part) are split across ranks,
 largest first to the least loaded rank, and each result is broadcast from the rank that made it.
+The per-step preconditioning (two multiplies per layer, as costly as the gradient's own) is split
+the same way: each layer's natural gradient is computed by the rank that owns its preconditioner,
+and one more allreduce per update (a sum in which the other ranks contribute zeros; one for all
+networks of a :class:`~her_mpi.optim.GradientGroup`) gives every rank all of them, bit for bit.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,14 +76,6 @@ class KFACLayer:
     def cost(self) -> int:
         return self.A.shape[0] ** 3 + self.G.shape[0] ** 3
 
-    def gradient(self) -> torch.Tensor:
-        """[dW | db] as one [out, in + 1] matrix (a copy)."""
-        return torch.cat([self.module.weight.grad, self.module.bias.grad[:, None]], dim=1)
-
-    def set_gradient(self, matrix: torch.Tensor) -> None:
-        self.module.weight.grad.copy_(matrix[:, :-1])
-        self.module.bias.grad.copy_(matrix[:, -1])
-
 
 def kronecker_factors(layer_input: torch.Tensor, output_grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Batch estimates of A and G from a layer's input and the sampled gradient of its output."""
@@ -111,12 +108,35 @@ def factored_pi(A: torch.Tensor, G: torch.Tensor) -> float:
 
 
 def precondition(gradient: torch.Tensor, parts: list[torch.Tensor], damping: float, mode: str) -> torch.Tensor:
+    """The natural gradient of [dW | db] ([out, in + 1])."""
+    natural = torch.empty_like(gradient)
+    precondition_into(gradient[:, :-1], gradient[:, -1], parts, damping, mode, natural[:, :-1], natural[:, -1])
+    return natural
+
+
+def precondition_into(weight_grad, bias_grad, parts, damping: float, mode: str, out_weight, out_bias) -> None:
+    """The natural gradient of [dW | db], written into ``out_weight`` and ``out_bias``.
+
+    The layer's gradient and its natural gradient stay apart, as the flat buffers hold them (no
+    [dW | db] copy either way): a right factor M multiplies [dW | db] as dW M[:-1] + db M[-1]^T,
+    and the result's bias column is a separate matrix-vector product."""
     if mode == "plain":  # (A (x) G + lambda I)^-1 vec(grad), exactly, in the Kronecker eigenbasis
         Q_A, d_A, Q_G, d_G = parts
-        rotated = Q_G.T @ gradient @ Q_A
-        return Q_G @ (rotated / (d_G[:, None] * d_A[None, :] + damping)) @ Q_A.T
-    A_inv, G_inv = parts
-    return G_inv @ gradient @ A_inv
+        rotated = torch.mm(Q_G.t(), times_augmented(weight_grad, bias_grad, Q_A))
+        rotated.div_(d_G[:, None] * d_A[None, :] + damping)
+        left = torch.mm(Q_G, rotated)
+        torch.mm(left, Q_A[:-1].t(), out=out_weight)
+        torch.mv(left, Q_A[-1], out=out_bias)
+        return
+    A_inv, G_inv = parts  # G^-1 [dW | db] A^-1
+    right = times_augmented(weight_grad, bias_grad, A_inv)
+    torch.mm(G_inv, right[:, :-1], out=out_weight)
+    torch.mv(G_inv, right[:, -1], out=out_bias)
+
+
+def times_augmented(weight_grad: torch.Tensor, bias_grad: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
+    """[dW | db] @ matrix, matrix [in + 1, k]."""
+    return torch.mm(weight_grad, matrix[:-1]).addr_(bias_grad, matrix[-1])
 
 
 class KFAC(SyncedOptimizer):
@@ -130,6 +150,8 @@ class KFAC(SyncedOptimizer):
         super().__init__(module)
         self.module, self.params = module, params
         self.layers = [KFACLayer(m) for m in module.modules() if isinstance(m, nn.Linear)]
+        self.use_exchange_buffer(torch.zeros_like(self.flat.grad))
+        self.owners = [0] * len(self.layers)  # which rank preconditions each layer
         self.optimizer = torch.optim.SGD([self.flat.param], lr=params.lr, momentum=params.momentum)
         # Fisher samples differ per rank; agents pass their own (seeded, checkpointed) generator.
         self.generator = generator if generator is not None else torch.Generator().manual_seed(7919 + mpi.rank())
@@ -147,20 +169,61 @@ class KFAC(SyncedOptimizer):
         if self.n_steps % self.params.factor_every == 0:
             self._update_factors(network_pass)
 
-    def apply(self) -> None:
+    # -- the natural gradient: each layer's computed by the rank that owns its preconditioner (the
+    # multiplies are as costly as the gradient's own), the others contribute zeros to one sum
+
+    def exchange_buffer(self) -> torch.Tensor:
+        return self.natural
+
+    def use_exchange_buffer(self, buffer: torch.Tensor) -> None:
+        """The natural gradient lives in ``buffer``, laid out like the flat gradient (a
+        :class:`~her_mpi.optim.GradientGroup` sums several networks' in one collective)."""
+        self.natural = buffer
+        self.natural_views = [tuple(buffer[p.storage_offset(): p.storage_offset() + p.numel()].view_as(p)
+                                    for p in (layer.module.weight, layer.module.bias)) for layer in self.layers]
+
+    def before_exchange(self) -> None:
         p = self.params
         if self.n_steps % p.inverse_every == 0 or not self.layers[0].preconditioner:
             self._refresh_preconditioners()
-        gradients = [layer.gradient() for layer in self.layers]
-        natural = [precondition(g, layer.preconditioner, p.damping, p.damping_mode)
-                   for g, layer in zip(gradients, self.layers)]
+        mine, split = mpi.rank(), mpi.size() > 1
+        for layer, owner, (out_weight, out_bias) in zip(self.layers, self.owners, self.natural_views):
+            if owner == mine:
+                precondition_into(layer.module.weight.grad, layer.module.bias.grad, layer.preconditioner,
+                                  p.damping, p.damping_mode, out_weight, out_bias)
+            elif split:
+                out_weight.zero_()
+                out_bias.zero_()
+
+    def apply(self) -> None:
+        p = self.params
+        if self.group is None:  # in a group, the group has exchanged the natural gradients
+            self.before_exchange()
+            if mpi.size() > 1:
+                started = time.perf_counter()
+                mpi.allreduce_sum_(self.natural.numpy())
+                self.wait_s += time.perf_counter() - started
         # KL clip: nu = min(1, sqrt(kl_clip / |lr^2 <V, grad>|))
-        quadratic = sum(float((v * g).sum()) for v, g in zip(natural, gradients)) * p.lr ** 2
+        quadratic = float(torch.dot(self.natural, self.flat.grad)) * p.lr ** 2
         self.last_nu = min(1.0, math.sqrt(p.kl_clip / abs(quadratic))) if quadratic != 0 else 1.0
-        for layer, v in zip(self.layers, natural):
-            layer.set_gradient(v * self.last_nu)
-        self.optimizer.step()
+        torch.mul(self.natural, self.last_nu, out=self.flat.grad)
+        self._momentum_step()
         self.n_steps += 1
+
+    def _momentum_step(self) -> None:
+        """torch.optim.SGD's step (momentum, no dampening) on the one flat tensor, without its
+        per-call Python; the buffer lives in the SGD optimizer's state, as checkpoints expect."""
+        group = self.optimizer.param_groups[0]
+        step = self.flat.grad
+        if group["momentum"]:
+            state = self.optimizer.state[self.flat.param]
+            buffer = state.get("momentum_buffer")
+            if buffer is None:
+                state["momentum_buffer"] = buffer = step.clone()
+            else:
+                buffer.mul_(group["momentum"]).add_(step)
+            step = buffer
+        self.flat.param.add_(step, alpha=-group["lr"])
 
     # -- curvature -----------------------------------------------------------------------------
 
@@ -188,7 +251,7 @@ class KFAC(SyncedOptimizer):
     def _refresh_preconditioners(self) -> None:
         """Eigen-decompositions / inverses, split across ranks and broadcast from their owner."""
         p = self.params
-        owners = assign_to_ranks([layer.cost for layer in self.layers], mpi.size())
+        self.owners = owners = assign_to_ranks([layer.cost for layer in self.layers], mpi.size())
         for layer, owner in zip(self.layers, owners):
             if not layer.initialized:  # no curvature yet: identity (a plain gradient step)
                 layer.A.copy_(torch.eye(layer.A.shape[0]))
