@@ -314,3 +314,37 @@ def test_kfac_step_matches_the_explicit_natural_gradient_with_sgd_momentum(mode,
         reference_param.grad = natural * nu
         reference_sgd.step()
         torch.testing.assert_close(optimizer.flat.param, reference_param.detach(), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("terminal, timeout_reward", [(False, 0.0), (True, 0.0), (True, -1.0)])
+def test_one_step_returns_equal_the_general_n_step_code_for_one_step(terminal, timeout_reward):
+    """The one-step fast path of replay sampling gives exactly what the n-step code gives for n = 1:
+    moving goals, relabelled and own goals, terminal steps, time-outs and short episodes."""
+    from her_mpi.replay.buffer import EpisodeStore
+    from her_mpi.rollout import Episodes
+
+    rng = np.random.default_rng(0)
+    n, T = 12, 6
+    lengths = rng.integers(2, T + 1, n)
+    lengths[:4] = T  # some episodes run out of time
+    ag = rng.integers(0, 3, (n, T + 1, 2)).astype(np.float32)
+    g = rng.integers(0, 3, (n, T + 1, 2)).astype(np.float32)  # goals that move
+    episodes = Episodes(obs=rng.normal(size=(n, T + 1, 4)).astype(np.float32), ag=ag, g=g,
+                        actions=rng.normal(size=(n, T, 2)).astype(np.float32), rewards=np.zeros((n, T), np.float32),
+                        lengths=lengths, success=np.zeros(n))
+    reached = lambda a, b: np.all(a == b, axis=-1)
+    store = EpisodeStore.from_episodes(episodes, lambda a, b: reached(a, b).astype(np.float32) - 1.0,
+                                       reached if terminal else None, timeout_reward=timeout_reward)
+    episode, t = store.sample_indices(400, rng)
+    goals, relabelled = store.hindsight_goals(episode, t, "future", 4, rng)
+    assert 0 < relabelled.sum() < len(t)
+    for mask in (relabelled, None):
+        fast = store.returns(episode, t, goals, mask, 1, 0.9)
+        general = store.n_step_returns(episode, t, goals, mask, 1, 0.9)
+        assert fast.keys() == general.keys()
+        for key in fast:
+            assert fast[key].dtype == general[key].dtype and np.array_equal(fast[key], general[key]), key
+    if terminal:
+        assert general["terminals"].any()
+    if timeout_reward:
+        assert (general["rewards"] < -1).any()  # a time-out step paid the env's time-out reward

@@ -212,6 +212,32 @@ class EpisodeStore:
         (a terminal step was reached), ``discounts`` (gamma^steps taken: what the bootstrap value
         is multiplied by unless terminal) and the bootstrap input ``obs``/``g`` after the last
         step taken."""
+        if n_step == 1:  # every batch needs it: a quarter of a sample's time less than below
+            return self.one_step_returns(episode, t, goals, relabelled, gamma)
+        return self.n_step_returns(episode, t, goals, relabelled, n_step, gamma)
+
+    def one_step_returns(self, episode: np.ndarray, t: np.ndarray, goals: np.ndarray,
+                         relabelled: np.ndarray | None, gamma: float) -> dict:
+        """:meth:`returns` for one step: the transition's own reward, terminal flag and next input
+        (a sampled transition's step always exists)."""
+        g_next = goals
+        if relabelled is not None and not relabelled.all():
+            g_next = np.where(relabelled[:, None], goals, self.g[episode, t + 1])
+        ag_next = self.ag[episode, t + 1]
+        rewards = np.asarray(self.reward_fn(ag_next, g_next), np.float32).reshape(len(t))
+        terminals = np.zeros(len(t), np.float32)
+        if self.terminal_fn is not None:
+            terminals[:] = np.asarray(self.terminal_fn(ag_next, g_next), bool).reshape(-1)
+        if self.timeout_reward:
+            length = self.lengths[episode]
+            timed_out = (length == self.horizon) & (t == length - 1) & (terminals == 0)
+            rewards = rewards + np.where(timed_out, np.float32(self.timeout_reward), np.float32(0))
+        return {"rewards": rewards, "terminals": terminals, "discounts": np.full(len(t), np.float32(gamma)),
+                "obs": self.obs[episode, t + 1], "g": g_next}
+
+    def n_step_returns(self, episode: np.ndarray, t: np.ndarray, goals: np.ndarray,
+                       relabelled: np.ndarray | None, n_step: int, gamma: float) -> dict:
+        """:meth:`returns` for any number of steps."""
         batch, rows = len(t), np.arange(len(t))
         length = self.lengths[episode]
         step = t[:, None] + np.arange(n_step)[None, :]  # [batch, n] action indices
