@@ -5,10 +5,13 @@ loses around the updates.
 rank. Reports the epoch time, its split into rollouts / updates / evaluation, ms per update and
 env steps per second, and for the learn phase:
 
-* ``learn_overhead``: learn time / (updates x the standalone update time). The standalone time is
-  ``agent.update`` alone (bench/update_floor.py --standalone: no sampling, no MPI), measured by as
-  many concurrent processes as the training has ranks, right after it, so each gets the same share
-  of the machine as a rank did. Target: <= 1.1.
+* ``learn_overhead``: learn time / (updates x the standalone update time), in wall time, and
+  ``learn_overhead_cpu`` the same in thread CPU time (the agent logs its learn phase's,
+  ``learn_cpu_ms``): on a loaded machine wall time also counts the time the ranks are descheduled
+  and wait for each other, CPU time what is actually spent around the updates. The standalone
+  time is ``agent.update`` alone (bench/update_floor.py --standalone: no sampling, no MPI),
+  measured by as many concurrent processes as the training has ranks, right after it, so each
+  gets the same share of the machine as a rank did. Target: <= 1.1.
 * the split the agent logs (progress.csv ``learn_*_ms``, per update): sampling and relabelling, the
   update (its wait for the other rank's gradients included) and the wait on its own, and the rest
   (storing, normalizers, target networks, sync checks).
@@ -71,8 +74,11 @@ def main() -> None:
             "eval_s": round(row["time_eval_s"], 2), "updates": int(updates),
             "ms_per_update": round(learn_ms, 2),
             "learn_overhead": round(learn_ms / standalone["wall_ms"], 3),
+            # CPU time (the learn phase as the agent logs it, against the standalone update's):
+            # what is spent around the updates, without the time a loaded machine deschedules us
+            "learn_overhead_cpu": round(row["learn_cpu_ms"] / standalone["cpu_ms"], 3) if row.get("learn_cpu_ms") else None,
             "learn_split_ms_per_update": {part: round(row[f"learn_{part}_ms"], 3)
-                                          for part in ("sample", "update", "wait", "other")
+                                          for part in ("sample", "update", "wait", "other", "cpu")
                                           if row.get(f"learn_{part}_ms") is not None},
             "env_steps_per_s_per_rank": round(steps_per_rank / row["time_rollout_s"], 1),
             "env_steps_per_s_total": round(row["steps_per_s"], 1),
@@ -89,7 +95,8 @@ def main() -> None:
         split = ", ".join(f"{k} {v:.2f}" for k, v in e["learn_split_ms_per_update"].items())
         print(f"epoch {e['epoch']}: {e['epoch_s']} s (rollout {e['rollout_s']}, learn {e['learn_s']}, eval "
               f"{e['eval_s']}); learn {e['ms_per_update']} ms/update = {e['learn_overhead']}x the standalone "
-              f"{standalone['wall_ms']:.2f} ms ({split} ms/update)")
+              f"{standalone['wall_ms']:.2f} ms; CPU time {e['learn_overhead_cpu']}x the standalone "
+              f"{standalone['cpu_ms']:.2f} ms ({split} ms/update)")
 
 
 if __name__ == "__main__":

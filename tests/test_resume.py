@@ -22,7 +22,7 @@ pytestmark = pytest.mark.mpi
 
 EXIT_PREEMPTED = 75
 TIMING_COLUMNS = {"time_s", "steps_per_s", "time_rollout_s", "time_learn_s", "time_eval_s", "max_rss_mb",
-                  "learn_sample_ms", "learn_update_ms", "learn_wait_ms", "learn_other_ms"}
+                  "learn_sample_ms", "learn_update_ms", "learn_wait_ms", "learn_other_ms", "learn_cpu_ms"}
 # What differs between an interrupted and an uninterrupted run by design: where files are, when
 # they were written, how many saves happened (each stop writes one more).
 NOT_COMPARED = {"path", "time_s", "generation", "replay_generation", "elapsed_s", "timing", "new_env_steps"}

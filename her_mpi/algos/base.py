@@ -158,7 +158,7 @@ class OffPolicyAgent(Agent):
 
     def learn(self, episodes: Episodes) -> dict[str, float]:
         train, replay = self.config.train, self.config.replay
-        started, waited = time.perf_counter(), self.waited_s()
+        started, started_cpu, waited = time.perf_counter(), time.thread_time(), self.waited_s()
         self.buffer.store(episodes)
         self.update_normalizers(episodes)
         collected, sampling, updating = [], 0.0, 0.0
@@ -187,11 +187,13 @@ class OffPolicyAgent(Agent):
         result = {k: float(torch.stack([m[k] for m in collected]).mean()) for k in collected[0]}
         # Where the learn phase goes, in ms per update: sampling (relabelling, rewards, tensors),
         # the update itself (its wait for the other ranks' gradients included, and also shown on
-        # its own) and everything else (storing, normalizers, target networks, sync checks).
+        # its own) and everything else (storing, normalizers, target networks, sync checks); and
+        # the CPU time of it all, which on a shared machine leaves out time spent descheduled.
         n, total = len(collected), time.perf_counter() - started
         result.update(learn_sample_ms=1e3 * sampling / n, learn_update_ms=1e3 * updating / n,
                       learn_wait_ms=1e3 * (self.waited_s() - waited) / n,
-                      learn_other_ms=1e3 * (total - sampling - updating) / n)
+                      learn_other_ms=1e3 * (total - sampling - updating) / n,
+                      learn_cpu_ms=1e3 * (time.thread_time() - started_cpu) / n)
         return result
 
     def waited_s(self) -> float:
