@@ -43,7 +43,8 @@ PACMAN = ["--set", f"env.kwargs={{goal_cells: {CORRIDOR_GOALS}}}", "--set", "tra
           "--set", "replay.size=20000", "--set", "algo.lr=5.0e-4", "--set", "train.n_test_episodes=0"]
 
 
-def greedy_success(agent, goals) -> float:
+def greedy_success(agent, goals) -> list[bool]:
+    """Whether the greedy policy reaches each goal (deterministic: same start, same emulator)."""
     env = make_env(EnvConfig("MsPacmanGoal-v0", {"goal_cells": goals}), seed=0)
     reached = []
     for goal in goals:
@@ -57,7 +58,15 @@ def greedy_success(agent, goals) -> float:
             if terminated or truncated:
                 break
         reached.append(success)
-    return float(np.mean(reached))
+    return reached
+
+
+def beats_untrained(after: list[bool], before: list[bool]) -> bool:
+    """Both sides of the start reached (no single direction does that) and at least two goals
+    more than the untrained greedy policy, which runs one way."""
+    left = [r for r, (_, col) in zip(after, CORRIDOR_GOALS) if col < 10]
+    right = [r for r, (_, col) in zip(after, CORRIDOR_GOALS) if col > 10]
+    return sum(left) >= 3 and sum(right) >= 2 and sum(after) >= sum(before) + 2
 
 
 def test_dqn_her_on_ms_pacman_beats_the_untrained_policy(tmp_path):
@@ -67,5 +76,4 @@ def test_dqn_her_on_ms_pacman_beats_the_untrained_policy(tmp_path):
     untrained = build_agent(config_from_dict(state["config"]), EnvSpec(**state["spec"]))  # same seed: same init
     assert not torch.equal(trained.q_network.state_dict()["head.0.weight"], untrained.q_network.state_dict()["head.0.weight"])
     after, before = greedy_success(trained, CORRIDOR_GOALS), greedy_success(untrained, CORRIDOR_GOALS)
-    # the untrained greedy policy can reach the goals on one side at most (4 of 7)
-    assert after >= before + 0.4 and after >= 0.7, (before, after)
+    assert beats_untrained(after, before), list(zip(CORRIDOR_GOALS, after, before))
