@@ -210,10 +210,9 @@ class MLP(nn.Sequential):
 
     def gradient_buffers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(W.grad, b.grad) per layer: views of the optimizer's flat gradient."""
-        for layer in self.linears:
-            for p in (layer.weight, layer.bias):
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
+        if self.linears[0].weight.grad is None:  # no optimizer (yet): gradients of their own
+            for p in self.parameters():
+                p.grad = torch.zeros_like(p)
         return _cached(self, "grads", self.linears[0].weight.grad, lambda l: (l.weight.grad, l.bias.grad))
 
     def store_gradients(self, destinations) -> None:
@@ -289,7 +288,7 @@ class CriticEnsemble(nn.Module):
 
     def store_gradients(self, destinations) -> None:
         """Copy stacked gradients into the members' ``.grad`` unless they were views of them."""
-        if len(self.members) == 1:
+        if len(self.members) == 1 or self._cache.get("grads") is not None:  # cached: views
             return
         for k, member in enumerate(self.members):
             for (weight_grad, bias_grad), (dW, db) in zip(member.gradient_buffers(), destinations):

@@ -155,7 +155,7 @@ class SAC(ActorCriticAgent):
         grad_q = torch.zeros_like(q).scatter_(0, smaller.unsqueeze(0), -1.0 / batch)
         grad_action = critic_pass.input_gradient(grad_q)[:, -action.shape[-1]:]
         self.actor_optimizer.backward_pass(actor_pass, (grad_action, alpha / batch))
-        alpha_loss = -(self.temperature.log_alpha * (log_prob + self.target_entropy)).mean()
-        self.temperature_optimizer.backward(alpha_loss)
+        # alpha_loss = -mean(log_alpha * (log_prob + target_entropy)), linear in log(alpha)
+        self.temperature_optimizer.set_gradient(-(log_prob + self.target_entropy).mean())
         metrics.update(actor_loss=actor_loss, alpha=alpha[0], entropy=-log_prob.mean())
         return [self.actor_optimizer, self.temperature_optimizer]

@@ -59,6 +59,12 @@ class SyncedOptimizer(ABC):
         network_pass.backward(output_grad)
         self._gradient_ready()
 
+    def set_gradient(self, gradient: torch.Tensor) -> None:
+        """A gradient known in closed form (all of this network's, flattened), then start
+        averaging it like :meth:`backward` does."""
+        self.flat.grad.copy_(gradient.reshape(-1))
+        self._gradient_ready()
+
     def _gradient_ready(self) -> None:
         if self.group is not None:
             self.group.ready(self)
