@@ -86,12 +86,18 @@ def find_runs(paths: list[Path]) -> list[Run]:
                 continue  # a run that has not finished its first epoch
             config_path = run_dir / "config.yaml"
             config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else {}
-            finished = run_dir / "finished.json"
-            name = json.loads(finished.read_text()).get("name") if finished.is_file() else None
-            if name is None and run_dir.name.startswith("seed") and run_dir.parent != path.parent:
-                name = run_dir.parent.name  # OUT/<recipe>/seed<s>, a sweep run still going
-            runs.append(Run(run_dir, rows, config, name))
+            runs.append(Run(run_dir, rows, config, sweep_label(run_dir)))
     return runs
+
+
+def sweep_label(run_dir: Path) -> str | None:
+    """The sweep's recipe name and its --set values (sweep.json), e.g. 'fetch_push_td3 algo.n_step=3'."""
+    description = run_dir / "sweep.json"
+    if not description.is_file():
+        return None
+    data = json.loads(description.read_text())
+    shown = [o for o in data.get("overrides", []) if not o.startswith(("log.", "checkpoint.", "train.n_epochs="))]
+    return " ".join([data["name"], *shown])
 
 
 def recipe_key(run: Run) -> str:

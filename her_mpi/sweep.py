@@ -31,6 +31,7 @@ from her_mpi.config import ConfigError, load_config, resolve_recipe
 from her_mpi.logger import format_duration
 
 FINISHED = "finished.json"  # written by the sweep when a run's job exits cleanly at its budget
+DESCRIPTION = "sweep.json"  # recipe, seed and the sweep's overrides: how plot labels the run
 
 
 @dataclass(eq=False)  # a run is its own identity (jobs are keyed by it)
@@ -40,7 +41,8 @@ class Run:
     seed: int
     run_dir: Path
     n_epochs: int
-    overrides: list[str] = field(default_factory=list)
+    overrides: list[str] = field(default_factory=list)  # what every job gets, seed included
+    user_overrides: list[str] = field(default_factory=list)  # the sweep's --set values
 
     @property
     def label(self) -> str:
@@ -93,7 +95,7 @@ def plan(recipes: list[str], seeds: list[int], n_ranks: int, overrides: list[str
             run_overrides = [*overrides, f"train.seed={seed}", "checkpoint.save_buffer=true"]
             config = load_config(recipe, run_overrides)
             runs.append(Run(recipe, name, seed, out / name / f"seed{seed}", config.train.n_epochs,
-                            run_overrides))
+                            run_overrides, list(overrides)))
     return runs
 
 
@@ -168,7 +170,10 @@ class Sweep:
         return 0
 
     def start(self, run: Run) -> None:
-        run.run_dir.parent.mkdir(parents=True, exist_ok=True)
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        (run.run_dir / DESCRIPTION).write_text(json.dumps(
+            {"recipe": run.recipe, "name": run.name, "seed": run.seed, "n_ranks": self.n_ranks,
+             "overrides": run.user_overrides}, indent=1))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_dir / f"{run.name}_seed{run.seed}.log", "a")
         action = "resuming" if run.can_resume() else "starting"

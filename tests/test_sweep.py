@@ -209,14 +209,19 @@ def test_aggregate_uses_the_epochs_every_seed_reached(tmp_path):
 
 def test_plot_command_writes_png_markdown_and_json(tmp_path):
     for seed, final in enumerate(FINALS[:3]):
-        fake_run(tmp_path / "sweep/fetch_push_td3" / f"seed{seed}", seed, [0.0, final])
+        run_dir = tmp_path / "sweep/fetch_push_td3" / f"seed{seed}"
+        fake_run(run_dir, seed, [0.0, final])
+        (run_dir / "sweep.json").write_text(json.dumps(  # as the sweep writes it
+            {"recipe": "fetch_push_td3", "name": "fetch_push_td3", "seed": seed,
+             "overrides": ["algo.n_step=3", "log.tensorboard=false"]}))
     result = subprocess.run([sys.executable, "-m", "her_mpi.plot", str(tmp_path / "sweep"), "-o",
                              str(tmp_path / "curve.png"), "--table", str(tmp_path / "table")],
                             capture_output=True, text=True, env=mpi_env(), cwd=ROOT, timeout=300)
     assert result.returncode == 0, describe(result)
     assert (tmp_path / "curve.png").stat().st_size > 1000
     data = json.loads((tmp_path / "table.json").read_text())
-    assert data["recipes"][0]["recipe"].startswith("fetch_push_td3")
+    # labelled by the sweep's recipe and the overrides that change learning
+    assert data["recipes"][0]["recipe"].startswith("fetch_push_td3 algo.n_step=3 (np=2")
     markdown = (tmp_path / "table.md").read_text()
     assert "fetch_push_td3" in markdown and "not reached" in markdown and "| 3 (0, 1, 2) |" in markdown
 

@@ -1,0 +1,52 @@
+"""Keep a sweep's raw results in the repository and aggregate them.
+
+    python bench/collect_sweep.py runs/sweeps/push300k --name fetch_push_300k [--title ...]
+
+Copies every run's progress.csv, config.yaml and finished.json (small files; no checkpoints)
+from the sweep directory to bench/results/runs/<name>/<recipe>/seed<s>/, then writes the
+aggregate curves and table with ``python -m her_mpi.plot``: bench/results/<name>.png, .md and
+.json. Runs still going are included with the epochs they have; run it again as they finish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+KEPT = ("progress.csv", "config.yaml", "finished.json", "resumes.yaml")
+
+
+def copy_runs(sweep: Path, destination: Path) -> int:
+    copied = 0
+    for progress in sorted(sweep.rglob("progress.csv")):
+        run = progress.parent
+        target = destination / run.relative_to(sweep)
+        target.mkdir(parents=True, exist_ok=True)
+        for name in KEPT:
+            if (run / name).is_file():
+                shutil.copy2(run / name, target / name)
+        copied += 1
+    return copied
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sweeps", nargs="+", type=Path, help="sweep directories (python -m her_mpi.sweep --out)")
+    parser.add_argument("--name", required=True, help="results name: bench/results/<name>.{png,md,json}")
+    parser.add_argument("--title", default=None)
+    args = parser.parse_args()
+    destination = RESULTS / "runs" / args.name
+    copied = sum(copy_runs(sweep, destination / sweep.name) for sweep in args.sweeps)
+    print(f"copied {copied} run(s) to {destination.relative_to(ROOT)}")
+    return subprocess.call([sys.executable, "-m", "her_mpi.plot", str(destination), "-o",
+                            str(RESULTS / f"{args.name}.png"), "--table", str(RESULTS / args.name),
+                            "--title", args.title or args.name], cwd=ROOT)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
