@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from her_mpi.checkpoint import save_checkpoint
 from her_mpi.cnn import ConvGoalNet, ImageGoalInput
 from her_mpi.config import EnvConfig, load_config
 from her_mpi.envs import EnvSpec, make_env
@@ -107,5 +108,5 @@ def test_export_command_writes_and_verifies_an_image_policy(tmp_path):
     state = {"algo": "dqn", "config": config.to_dict(), "spec": dataclasses.asdict(PACMAN), "epoch": 0,
              "env_steps": 0, "n_ranks": 1, "test_success_rate": 0.0, "agent": agent.state_dict()}
     checkpoint = tmp_path / "latest.pt"
-    torch.save({"format": 1, **state}, checkpoint)
+    save_checkpoint(checkpoint, state)
     assert export_main(["--checkpoint", str(checkpoint), "--output", str(tmp_path / "p.onnx")]) == 0

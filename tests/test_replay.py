@@ -122,7 +122,7 @@ def test_memory_holds_raw_episodes_only():
 
 @pytest.mark.parametrize("env_id, kwargs, low, high", [
     ("BitFlipping-v0", {"n_bits": 4}, -1.0, 0.0),  # -1 until the goal, 0 there
-    ("PredatorPrey-v0", {}, 0.0, 1.0),  # +1 on a catch
+    ("PredatorPrey-v0", {}, -1.0, 1.0),  # +1 on a catch, -1 when time runs out
 ])
 def test_td_targets_are_clipped_to_the_envs_return_range(env_id, kwargs, low, high):
     from her_mpi.config import load_config
