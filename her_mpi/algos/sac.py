@@ -26,7 +26,10 @@ class SACParams(ActorCriticParams):
     lr_alpha: float = 1e-3
     init_alpha: float = 0.1
     target_entropy: float | None = None  # None: -|A|
-    random_eps: float = 0.0  # the stochastic policy explores by itself
+    # Uniformly random actions as in the baselines recipe: once the temperature has settled, the
+    # policy's own noise at the target entropy -|A| is about 0.09 per action dimension (TD3: 0.2
+    # plus 30% random actions), too little to move the object in FetchPush.
+    random_eps: float = 0.3
     target_update_every: int = 2  # with polyak 0.99: SB3's tau = 0.005 per update
     polyak: float = 0.99
 
