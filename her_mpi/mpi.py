@@ -71,6 +71,17 @@ def broadcast_(array: np.ndarray, root: int = 0) -> np.ndarray:
     return array
 
 
+def oversubscribed() -> bool:
+    """Whether any node runs more ranks than it has cores (collective): then ranks take turns on
+    the cores and every collective also waits for a descheduled rank."""
+    if COMM.Get_size() == 1:
+        return False
+    node = COMM.Split_type(MPI.COMM_TYPE_SHARED)
+    crowded = node.Get_size() > (os.cpu_count() or 1)
+    node.Free()
+    return bool(COMM.allreduce(int(crowded), op=MPI.MAX))
+
+
 def barrier() -> None:
     if COMM.Get_size() > 1:
         COMM.Barrier()

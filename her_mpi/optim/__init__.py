@@ -103,6 +103,10 @@ class SyncedOptimizer(ABC):
     def before_exchange(self) -> None:
         """With the averaged gradient, fill this rank's parts of :meth:`exchange_buffer`."""
 
+    def shares_exchange(self) -> bool:
+        """Whether the ranks' exchange buffers are to be summed (the same answer on every rank)."""
+        return False
+
     @abstractmethod
     def apply(self) -> None:
         """Update the parameters from the averaged gradient in ``self.flat.grad``."""
@@ -157,9 +161,10 @@ class GradientGroup:
             exchanging = [o for o in self._ready if id(o) in self.exchange_spans]
             for member in exchanging:
                 member.before_exchange()
-            if exchanging and mpi.size() > 1:
-                lo = min(self.exchange_spans[id(o)][0] for o in exchanging)
-                hi = max(self.exchange_spans[id(o)][1] for o in exchanging)
+            shared = [o for o in exchanging if o.shares_exchange()]
+            if shared:
+                lo = min(self.exchange_spans[id(o)][0] for o in shared)
+                hi = max(self.exchange_spans[id(o)][1] for o in shared)
                 mpi.allreduce_sum_(self.exchanges[lo:hi].numpy())
         self._stepped += 1
         if self._stepped == len(self._ready):  # the update's last step: the next update starts

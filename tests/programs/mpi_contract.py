@@ -62,8 +62,10 @@ def normalizer_matches_union() -> float:
 
 
 def main(run_dir: str, algo: str = "ddpg", recipe: str | None = None) -> None:
-    algo, _, optimizer = algo.partition("+")  # e.g. td3+kfac
+    algo, _, optimizer = algo.partition("+")  # e.g. td3+kfac, or td3+kfac-false (no split preconditioning)
     kfac = ["algo.optimizer=kfac", "algo.kfac.factor_every=1", "algo.kfac.inverse_every=2"] if optimizer else []
+    if optimizer.startswith("kfac-"):
+        kfac.append(f"algo.kfac.split_preconditioning={optimizer.split('-', 1)[1]}")
     config = load_config(recipe, [f"algo={algo}", *kfac, "train.n_epochs=1", "train.n_cycles=3", "train.rollouts_per_rank=2",
                                 "train.n_batches=4", "train.batch_size=64", "train.n_test_episodes=6",
                                 "log.tensorboard=false", "train.sync_check_every=1"]
