@@ -32,6 +32,8 @@ from her_mpi.logger import format_duration
 
 FINISHED = "finished.json"  # written by the sweep when a run's job exits cleanly at its budget
 DESCRIPTION = "sweep.json"  # recipe, seed and the sweep's overrides: how plot labels the run
+STOPPED = 75  # her_mpi.train's EXIT_PREEMPTED: stopped by a signal, checkpoint written
+STOP_GRACE_SECONDS = 300  # time for a stopped job to finish its cycle and checkpoint
 
 
 @dataclass(eq=False)  # a run is its own identity (jobs are keyed by it)
@@ -191,6 +193,10 @@ class Sweep:
                 continue
             del self.jobs[run]
             elapsed = time.monotonic() - started
+            if process.returncode == STOPPED:  # stopped from outside (a scheduler, a user): not a failure
+                print(f"  stopped {run.label} after {format_duration(elapsed)} (checkpoint written; "
+                      "run the sweep again to resume it)", flush=True)
+                continue
             if process.returncode != 0 or run.epochs_done() < run.n_epochs:
                 self.failed.append(run)
                 print(f"  FAILED {run.label}: exit {process.returncode} after {format_duration(elapsed)} "
@@ -221,16 +227,21 @@ class Sweep:
         return remaining / self.parallel
 
     def stop_all(self, why: str) -> None:
+        """Stop every job gracefully: SIGUSR1 to mpirun, which forwards it (Open MPI kills its ranks
+        at once on SIGTERM/SIGINT); the ranks finish their cycle, checkpoint and exit with
+        STOPPED, so a resume continues exactly. A job that does not stop in time is killed (it
+        resumes from its last checkpoint)."""
         for run, (process, _, _) in self.jobs.items():
             try:
-                os.killpg(process.pid, signal.SIGTERM)
+                process.send_signal(signal.SIGUSR1)
             except ProcessLookupError:
                 pass
         for run, (process, _, _) in self.jobs.items():
             try:
-                process.wait(timeout=60)
+                process.wait(timeout=STOP_GRACE_SECONDS)
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
         print(f"her_mpi.sweep: {why}; run the same command again to resume "
               f"({len(self.pending())} run(s) not finished)", file=sys.stderr, flush=True)
 

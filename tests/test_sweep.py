@@ -120,6 +120,9 @@ def test_sweep_stopped_mid_run_resumes_where_it_was(tmp_path):
     finally:
         process.kill()
     assert "run the same command again" in stderr
+    # the job was stopped gracefully (its ranks checkpointed and exited 75), not killed
+    assert "exited with 75" not in stderr and "FAILED" not in stderr
+    assert "stopped" in (out / "logs" / "fetch_reach_td3_seed0.log").read_text().split("===")[-1]
     done = len(progress_rows(run_dir))
     assert 2 <= done < 30 and not (run_dir / "finished.json").exists()
     resumed = sweep(out, *TINY_SWEEP, "--seeds", "0", "--set", f"train.n_epochs={done + 1}")
