@@ -204,7 +204,9 @@ def derive_reachable_cells() -> np.ndarray:
     mask = np.zeros(GRID, bool)
     start = pacman_cell(ale.getScreenGrayscale())
     mask[start] = True
-    seen = {tuple(int(ale.getRAM()[i]) for i in PLAYER_RAM)}
+    # The start position is not marked seen: she does not move in the first step's frames (the
+    # game is still starting), so the state after it must be explored although she is where she was.
+    seen: set = set()
     queue = deque([ale.cloneState()])
     while queue:
         state = queue.popleft()
