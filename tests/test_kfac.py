@@ -117,3 +117,11 @@ def test_inversions_are_split_across_ranks_by_cost():
 def test_kfac_rejects_networks_it_cannot_precondition():
     with pytest.raises(ValueError, match="nn.Linear layers only"):
         KFAC(nn.Sequential(nn.Linear(2, 2), nn.LayerNorm(2)), KFACParams())
+
+
+def test_kfac_needs_the_networks_training_pass():
+    """Its curvature comes from the hand-written pass; an autograd loss alone cannot give it."""
+    net = mlp(3, [4], 2)
+    optimizer = KFAC(net, KFACParams())
+    with pytest.raises(RuntimeError, match="training pass"):
+        optimizer.backward(net(torch.randn(5, 3)).pow(2).mean())

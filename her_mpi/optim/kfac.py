@@ -23,9 +23,11 @@ The per-step preconditioning (two multiplies per layer, as costly as the gradien
 the same way (``split_preconditioning``): each layer's natural gradient is computed by the rank
 that owns its preconditioner, and one more allreduce per update (a sum in which the other ranks
 contribute zeros; one for all networks of a :class:`~her_mpi.optim.GradientGroup`) gives every
-rank all of them, bit for bit. That pays when every rank has a core; on an oversubscribed node
-the extra collective's wait costs more (measured: 159 vs 139 ms per update at np=2 on 2 loaded
-cores), so by default it is used only when no node has more ranks than cores.
+rank all of them, bit for bit. That pays when every rank has a core to itself; when ranks take
+turns on the cores, the extra collective's wait costs more than the halved multiplies save
+(measured at np=2 on 2 cores shared with other jobs: 159 ms per update split, 139 not). By default
+(auto) it is used unless a node runs more ranks than cores; other jobs on the node it cannot see,
+so on a shared machine set ``split_preconditioning: false``.
 """
 
 from __future__ import annotations
@@ -171,9 +173,8 @@ class KFAC(SyncedOptimizer):
     # -- the two phases (backward and step come from SyncedOptimizer) ---------------------------
 
     def prepare(self, output: torch.Tensor | None) -> None:
-        if output is not None:
-            raise RuntimeError("K-FAC takes its curvature from the network's training pass: use "
-                               "backward_pass(network.train_forward(x), d loss / d output)")
+        raise RuntimeError("K-FAC takes its curvature from the network's training pass: use "
+                           "backward_pass(network.train_forward(x), d loss / d output)")
 
     def prepare_pass(self, network_pass) -> None:
         if self.n_steps % self.params.factor_every == 0:
