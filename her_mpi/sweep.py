@@ -3,7 +3,7 @@
     python -m her_mpi.sweep --config fetch_push_td3 --config fetch_push_sac --seeds 0-4 --np 2 --out runs/push
 
 Each pair gets one run directory, ``OUT/<recipe>/seed<s>``. Run the same command again after
-stopping it (Ctrl-C, a killed session, a reboot): finished runs are skipped and interrupted ones
+stopping it (Ctrl-C, SIGTERM or SIGUSR1, a killed session, a reboot): finished runs are skipped and interrupted ones
 resume from their last checkpoint (replay buffers included), so at most one epoch per run is
 lost. Runs go one after another by default; ``--parallel K`` runs K at once (each with ``--np``
 ranks, so K x np should not exceed the cores). One line is printed per finished run, with an
@@ -284,7 +284,11 @@ def main(argv=None) -> int:
             print(f"{run.label}: {run.run_dir} ({state}): {' '.join(command(run, args.n_ranks))}")
         return 0
     sweep = Sweep(runs, args.n_ranks, args.parallel, args.out / "logs")
-    signal.signal(signal.SIGTERM, interrupt)  # a scheduler's stop: end the jobs like Ctrl-C does
+    # A scheduler's stop (SIGTERM) or the signal train itself takes as "stop" (SIGUSR1): end the
+    # jobs gracefully, as Ctrl-C does (SIGUSR1's default action would kill the sweep alone and
+    # leave its job running unsupervised).
+    for stop_signal in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(stop_signal, interrupt)
     return sweep.run()
 
 

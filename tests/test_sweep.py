@@ -109,13 +109,13 @@ def test_sweep_stopped_mid_run_resumes_where_it_was(tmp_path):
     process = subprocess.Popen([sys.executable, "-m", "her_mpi.sweep", "--out", str(out), *args],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env(), cwd=ROOT)
     run_dir = out / "fetch_reach_td3" / "seed0"
-    try:  # wait for two checkpointed epochs, then stop the sweep as Ctrl-C would
+    try:  # wait for two checkpointed epochs, then stop the sweep (SIGUSR1 stops it like Ctrl-C)
         deadline = time.monotonic() + 600
         while process.poll() is None and time.monotonic() < deadline:
             if (run_dir / "progress.csv").is_file() and len(progress_rows(run_dir)) >= 2:
                 break
             time.sleep(0.5)
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signal.SIGUSR1)
         _, stderr = process.communicate(timeout=120)
     finally:
         process.kill()
