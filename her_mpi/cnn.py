@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from her_mpi.config import NormalizerConfig
+from her_mpi.settings import NormalizerConfig
 from her_mpi.nets import ACTIVATIONS, GoalConditionedInput, mlp
 from her_mpi.normalizer import Normalizer
 

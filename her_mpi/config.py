@@ -7,13 +7,26 @@ validated against the parameter class of the algorithm it names.
 
 Every mistake raises :class:`ConfigError` with the dotted key, the bad value and what was
 expected, before anything else happens (in particular before any MPI collective).
+
+Every key is declared once, as a dataclass field made by :func:`~her_mpi.settings.setting`: its
+type, its default and a one-line description side by side (the shared sections in
+:mod:`her_mpi.settings`, each algorithm's ``algo`` section in its module). ``python -m
+her_mpi.train --list-keys`` prints them (:func:`list_keys`).
+
+Why no library for the parsing (pydantic 2.13 was tried on these dataclasses): its lax mode
+turns ``true`` into 1 and ``"yes"`` into True, its strict mode refuses the mapping a dataclass is
+read from, and its messages ("Input should be a valid integer", "Unexpected keyword argument")
+name neither the nearest key nor the nearest choice, so we would keep the same suggestion code
+and add a translation layer and a dependency. tyro builds a CLI of its own (not recipes with
+``inherit:`` and ``--set section.key=value``); omegaconf has no unions other than Optional
+(``split_preconditioning: bool | str``). The hand-written coercion below is about 60 lines.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib
+import re
 import types
 import typing
 import warnings
@@ -23,156 +36,12 @@ from typing import Any, Literal
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """A user-fixable mistake in a config file, an override or a command-line argument."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Sections shared by every algorithm
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class EnvConfig:
-    id: str = "FetchReach-v4"
-    kwargs: dict = field(default_factory=dict)  # passed to gymnasium.make / our env constructors
-    max_episode_steps: int | None = None  # None: the env's registered horizon
-
-    def validate(self, path: str) -> None:
-        check(self.max_episode_steps is None or self.max_episode_steps >= 1,
-               f"{path}.max_episode_steps", self.max_episode_steps, "an integer >= 1 or null")
-
-
-@dataclass
-class TrainConfig:
-    """The schedule: epochs -> cycles -> (collect episodes, learn); evaluation after each epoch."""
-
-    n_epochs: int = 50
-    n_cycles: int = 50
-    n_batches: int = 40  # gradient updates per cycle (off-policy algorithms)
-    batch_size: int = 256  # per rank
-    rollouts_per_rank: int = 2  # parallel episodes each rank collects per cycle
-    n_test_episodes: int = 50  # test episodes per evaluation, all ranks together (split evenly)
-    n_test_rollouts: int | None = None  # deprecated: test episodes per rank; use n_test_episodes
-    seed: int = 0  # every (seed, rank) pair gets its own random streams
-    torch_threads: int = 1  # per rank: ranks, not threads, should use the cores
-    sync_check_every: int = 100  # updates between checks that all ranks hold identical parameters
-
-    def validate(self, path: str) -> None:
-        for name in ("n_epochs", "n_cycles", "batch_size", "rollouts_per_rank", "torch_threads"):
-            check(getattr(self, name) >= 1, f"{path}.{name}", getattr(self, name), "an integer >= 1")
-        for name in ("n_batches", "n_test_episodes", "seed", "sync_check_every"):
-            check(getattr(self, name) >= 0, f"{path}.{name}", getattr(self, name), "an integer >= 0")
-        check(self.n_test_rollouts is None or self.n_test_rollouts >= 0, f"{path}.n_test_rollouts",
-              self.n_test_rollouts, "an integer >= 0 or null")
-        if self.n_test_rollouts is not None:
-            warnings.warn(f"{path}.n_test_rollouts (test episodes per rank) is deprecated; use "
-                          f"{path}.n_test_episodes (all ranks together)", FutureWarning, stacklevel=2)
-
-    def test_episodes_per_rank(self, n_ranks: int) -> int:
-        """Each rank's share of the test episodes (rounded up: every rank runs as many)."""
-        if self.n_test_rollouts is not None:  # the deprecated per-rank setting wins if given
-            return self.n_test_rollouts
-        return -(-self.n_test_episodes // n_ranks)
-
-
-@dataclass
-class ReplayConfig:
-    size: int = 1_000_000  # transitions per rank
-    strategy: Literal["future", "final", "episode", "random", "none"] = "future"
-    replay_k: int = 4  # hindsight goals: a share replay_k / (1 + replay_k + actual_k) of each batch
-    # "futureactual" (mrl): a share actual_k / (1 + replay_k + actual_k) of each batch gets the
-    # desired goal of another stored transition; 0 (baselines): none
-    actual_k: int = 0
-    prioritized: bool = False
-    alpha: float = 0.6  # priority exponent
-    beta: float = 0.4  # initial importance-weight exponent, annealed linearly to 1
-    beta_anneal_updates: int = 0  # 0: anneal over the whole run
-    priority_eps: float = 1e-6
-
-    def validate(self, path: str) -> None:
-        check(self.size >= 1, f"{path}.size", self.size, "an integer >= 1")
-        check(self.replay_k >= 0, f"{path}.replay_k", self.replay_k, "an integer >= 0")
-        check(self.actual_k >= 0, f"{path}.actual_k", self.actual_k, "an integer >= 0")
-        check(0.0 <= self.alpha <= 1.0, f"{path}.alpha", self.alpha, "a number in [0, 1]")
-        check(0.0 <= self.beta <= 1.0, f"{path}.beta", self.beta, "a number in [0, 1]")
-        check(self.beta_anneal_updates >= 0, f"{path}.beta_anneal_updates",
-               self.beta_anneal_updates, "an integer >= 0")
-        check(self.priority_eps > 0, f"{path}.priority_eps", self.priority_eps, "a number > 0")
-
-
-@dataclass
-class NormalizerConfig:
-    enabled: bool = True
-    eps: float = 0.01  # lower bound of the std
-    clip: float = 5.0  # normalised inputs are clipped to +-clip
-    clip_obs: float = 200.0  # raw observations and goals are clipped to +-clip_obs first
-
-    def validate(self, path: str) -> None:
-        for name in ("eps", "clip", "clip_obs"):
-            check(getattr(self, name) > 0, f"{path}.{name}", getattr(self, name), "a number > 0")
-
-
-@dataclass
-class CheckpointConfig:
-    every: int = 5  # also keep checkpoints/epoch_NNNN.pt every N epochs (0: never)
-    # Keep each rank's replay buffer with the checkpoints (checkpoints/replay_rank<r>/), so a resume
-    # continues exactly; each save writes only the episodes stored since the previous one.
-    # false: a resumed run starts with empty replay buffers.
-    save_buffer: bool = True
-
-    def validate(self, path: str) -> None:
-        check(self.every >= 0, f"{path}.every", self.every, "an integer >= 0")
-
-
-@dataclass
-class LogConfig:
-    tensorboard: bool = True
-    print_every: int = 1  # epochs between progress lines
-    video_every: int = 0  # rank 0 writes videos/epoch_NNNN.<video_format> every N epochs (0: never)
-    video_format: Literal["mp4", "gif"] = "mp4"  # the video file's format (also in TensorBoard as a GIF)
-    video_episodes: int = 2  # deterministic test episodes per video (the same goals every time)
-    video_width: int = 256  # frame width in pixels (even for mp4)
-    video_height: int = 256  # frame height in pixels (even for mp4)
-
-    def validate(self, path: str) -> None:
-        check(self.print_every >= 1, f"{path}.print_every", self.print_every, "an integer >= 1")
-        check(self.video_every >= 0, f"{path}.video_every", self.video_every, "an integer >= 0 (0: no videos)")
-        check(self.video_episodes >= 1, f"{path}.video_episodes", self.video_episodes, "an integer >= 1")
-        for name in ("video_width", "video_height"):
-            value = getattr(self, name)
-            check(16 <= value <= 4096, f"{path}.{name}", value, "an integer in [16, 4096] (pixels)")
-            check(self.video_format != "mp4" or value % 2 == 0, f"{path}.{name}", value,
-                  "an even number of pixels for video_format mp4 (H.264)")
-
-
-# Algorithms register their parameter classes by name (her_mpi/algos/__init__.py does it for the
-# built-in ones). The config stores the name it was given, so knowing which algorithm a config
-# asks for never depends on inspecting types or importing algorithm code.
-ALGORITHM_PARAMS: dict[str, type] = {}
-BUILTIN_ALGORITHMS = "her_mpi.algos"  # the package whose import registers the built-in algorithms
-
-
-def register_algorithm(name: str, params_class: type) -> None:
-    """Make ``algo: <name>`` valid, with ``params_class`` (a dataclass) as its ``algo`` section."""
-    if not dataclasses.is_dataclass(params_class):
-        raise TypeError(f"algorithm {name!r}: parameter class {params_class!r} is not a dataclass")
-    registered = ALGORITHM_PARAMS.setdefault(name, params_class)
-    if registered is not params_class:
-        raise ValueError(f"algorithm name {name!r} is already registered with {registered.__name__}")
-
-
-def algorithm_names() -> list[str]:
-    load_builtin_algorithms()
-    return sorted(ALGORITHM_PARAMS)
-
-
-def load_builtin_algorithms() -> None:
-    """Register the built-in algorithms: a plugin load by package name on first need (cached by
-    Python afterwards). This module never imports algorithm code at import time; algorithm code
-    imports this module."""
-    importlib.import_module(BUILTIN_ALGORITHMS)
+from her_mpi import registry
+# The sections and the vocabulary live in her_mpi.settings (algorithms import them from there);
+# they are re-exported here, where users of the package look for them.
+from her_mpi.settings import (CheckpointConfig, ConfigError, EnvConfig, LogConfig,  # noqa: F401
+                              NormalizerConfig, ReplayConfig, TrainConfig, check, key_help,
+                              renamed_keys, setting)
 
 
 @dataclass
@@ -201,6 +70,7 @@ class Config:
 # Loading
 # ---------------------------------------------------------------------------------------------
 
+NEXT_RELEASE = "0.2"  # deprecated key names are accepted until this release
 RECIPES_DIR = Path(__file__).resolve().parent / "configs"  # shipped inside the package
 DEFAULT_RECIPE = RECIPES_DIR / "default.yaml"
 
@@ -317,14 +187,8 @@ def config_from_dict(raw: dict) -> Config:
     algo_raw = dict(algo_raw)
     name = algo_raw.pop("name", "ddpg")
 
-    known = algorithm_names()
-    if name not in known:
-        close = difflib.get_close_matches(str(name), known, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"algo.name: unknown algorithm {name!r}; known: "
-                          f"{', '.join(known)}{hint}")
     config = build_dataclass(Config, raw, "")
-    config.algo = build_dataclass(ALGORITHM_PARAMS[name], algo_raw, "algo")
+    config.algo = build_dataclass(params_class(name), algo_raw, "algo")
     config.algo_name = name
     validate_tree(config, "")
     return config
@@ -337,8 +201,11 @@ def build_dataclass(cls, raw: Any, path: str):
         raise ConfigError(f"{where} must be a mapping, got {raw!r}")
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     hints = typing.get_type_hints(cls)
+    renamed = renamed_keys(cls)
     kwargs = {}
     for key, value in raw.items():
+        if key in renamed:
+            key = current_name(raw, key, renamed[key], path)
         dotted = f"{path}.{key}" if path else str(key)
         if key not in fields:
             close = difflib.get_close_matches(str(key), list(fields), n=1)
@@ -347,6 +214,31 @@ def build_dataclass(cls, raw: Any, path: str):
                               f"(valid keys in {where}: {', '.join(fields)})")
         kwargs[key] = coerce(value, hints[key], dotted)
     return cls(**kwargs)
+
+
+def params_class(name: Any) -> type:
+    """The ``algo`` section class of the algorithm registered as ``name``."""
+    known = registry.algorithm_names()
+    if name not in known:
+        close = difflib.get_close_matches(str(name), known, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"algo.name: unknown algorithm {name!r}; known: "
+                          f"{', '.join(known)}{hint}")
+    return registry.algorithm_class(name).Params
+
+
+def current_name(raw: dict, old: str, new: str, path: str) -> str:
+    """The current name of a deprecated key ``old``: warns, and refuses both names at once."""
+    prefix = f"{path}." if path else ""
+    if new in raw:
+        raise ConfigError(f"{prefix}{old} and {prefix}{new} are the same setting ({old} is its "
+                          f"deprecated name); keep only {prefix}{new}")
+    warnings.warn(f"{prefix}{old} is deprecated; use {prefix}{new} (the old name is accepted until "
+                  f"her_mpi {NEXT_RELEASE})", FutureWarning, stacklevel=2)
+    return new
+
+
+EXPONENT_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 def coerce(value: Any, hint: Any, path: str) -> Any:
@@ -383,6 +275,8 @@ def coerce(value: Any, hint: Any, path: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{path}: expected a mapping, got {value!r}")
         return dict(value)
+    if hint in (int, float) and isinstance(value, str) and EXPONENT_NUMBER.fullmatch(value):
+        value = float(value)  # YAML 1.1 reads 3e-4 (no dot in the mantissa) as a string
     if hint is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{path}: expected true or false, got {value!r}")
@@ -420,8 +314,72 @@ def validate_tree(node: Any, path: str) -> None:
         node.validate(path)
 
 
-def check(ok: bool, path: str, value: Any, expected: str) -> None:
-    if not ok:
-        raise ConfigError(f"{path}: got {value!r}, expected {expected}")
+# ---------------------------------------------------------------------------------------------
+# Listing the keys (--list-keys)
+# ---------------------------------------------------------------------------------------------
+
+SECTIONS = [f.name for f in dataclasses.fields(Config) if f.init]  # env, algo, train, ...
 
 
+def list_keys(section: str | None = None, algo: str | None = None) -> str:
+    """Key, type, default and description of every key of ``section`` (every section when
+    None). The ``algo`` section is that of algorithm ``algo``, or of each algorithm in turn."""
+    if section is not None and section not in SECTIONS:
+        close = difflib.get_close_matches(section, SECTIONS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"--list-keys: unknown section {section!r}{hint} (sections: {', '.join(SECTIONS)})")
+    hints = typing.get_type_hints(Config)
+    blocks = []
+    for name in (s for s in SECTIONS if section in (None, s)):
+        if name != "algo":
+            blocks.append((name, section_keys(hints[name], name)))
+            continue
+        for algo_name in [algo] if algo else registry.algorithm_names():
+            params = params_class(algo_name)
+            old_names = ", ".join(f"{old} -> {new}" for old, new in renamed_keys(params).items())
+            title = f"algo, when algo.name is {algo_name}" + (f" (deprecated: {old_names})" if old_names else "")
+            blocks.append((title, section_keys(params, "algo")))
+    header = ("key", "type", "default", "description")
+    rows = [header] + [row for _, block in blocks for row in block]
+    width = [max(len(row[i]) for row in rows) for i in range(3)]
+
+    def line(row):
+        return "  ".join(cell.ljust(w) for cell, w in zip(row[:3], width)) + "  " + row[3]
+
+    lines = [line(header)]
+    for title, block in blocks:
+        lines += ["", f"[{title}]"] + [line(row) for row in block]
+    return "\n".join(lines)
+
+
+def section_keys(cls: type, path: str) -> list[tuple[str, str, str, str]]:
+    """(dotted key, type, default, description) of a section's keys; nested sections flattened."""
+    hints = typing.get_type_hints(cls)
+    rows = []
+    for f in (f for f in dataclasses.fields(cls) if f.init):
+        hint, dotted = hints[f.name], f"{path}.{f.name}"
+        if dataclasses.is_dataclass(hint):
+            rows += section_keys(hint, dotted)
+            continue
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        rows.append((dotted, type_name(hint), yaml_text(default), key_help(cls, f.name)))
+    return rows
+
+
+def type_name(hint: Any) -> str:
+    """A type as a recipe writes it: float, list[int], int | null, 'future' | 'final'."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is Literal:
+        return " | ".join(yaml_text(a) for a in args)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " | ".join(type_name(a) for a in args)
+    if hint is type(None):
+        return "null"
+    if typing.get_origin(hint) is list:
+        return f"list[{type_name(args[0])}]"
+    return getattr(hint, "__name__", str(hint))
+
+
+def yaml_text(value: Any) -> str:
+    """A value as it is written in a recipe (null, true, [256, 256], {})."""
+    return yaml.safe_dump(value, default_flow_style=True, width=10**6).removesuffix("\n...\n").strip()

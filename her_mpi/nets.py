@@ -14,7 +14,7 @@ import copy
 import torch
 from torch import nn
 
-from her_mpi.config import NormalizerConfig
+from her_mpi.settings import NormalizerConfig
 from her_mpi.mlp import ACTIVATIONS, MLP, CriticEnsemble, mlp  # noqa: F401 - the networks' home
 from her_mpi.normalizer import Normalizer
 

@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from her_mpi.config import EnvConfig
+from her_mpi.settings import EnvConfig
 from her_mpi.envs import EnvSpec, env_spec, make_env
 
 Policy = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (obs [n, od], g [n, gd]) -> actions

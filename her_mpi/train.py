@@ -20,7 +20,6 @@ Exit statuses (every rank exits with the same one, and so does mpirun):
 from __future__ import annotations
 
 import argparse
-import copy
 import sys
 import time
 from pathlib import Path
@@ -29,8 +28,8 @@ import yaml
 
 from her_mpi import mpi
 from her_mpi.checkpoint import CheckpointWriteError, atomic_write, load_checkpoint
-from her_mpi.config import (RECIPES_DIR, Config, ConfigError, apply_override, config_from_dict, load_config,
-                            recipe_names)
+from her_mpi.config import (RECIPES_DIR, SECTIONS, Config, ConfigError, apply_override, config_from_dict,
+                            list_keys, load_config, recipe_names)
 
 EXIT_OK, EXIT_CRASHED, EXIT_BAD_INPUT, EXIT_NON_FINITE, EXIT_WRITE_FAILED, EXIT_PREEMPTED = 0, 1, 2, 3, 4, 75
 
@@ -50,6 +49,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "config it was saved with (plus any --set); --config replaces that config")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("--list-recipes", action="store_true", help="list the packaged recipes and exit")
+    parser.add_argument("--list-keys", nargs="?", const="all", metavar="SECTION",
+                        help="list every config key (or those of SECTION: " + ", ".join(SECTIONS) + ") with its "
+                             "type, default and description, and exit; the algo keys are those of the algorithm "
+                             "--config (and --set) choose, else of every algorithm")
     return parser.parse_args(argv)
 
 
@@ -65,6 +68,12 @@ def list_recipes() -> str:
     return "\n".join(lines)
 
 
+def keys_text(args: argparse.Namespace) -> str:
+    """--list-keys: the algorithm is the one --config and --set choose, if they are given."""
+    algo = load_config(args.config, args.overrides).algo_name if args.config or args.overrides else None
+    return list_keys(None if args.list_keys == "all" else args.list_keys, algo)
+
+
 def resolve(args: argparse.Namespace) -> tuple[Config, Path, dict | None]:
     """Config, run directory and checkpoint to resume from; raises ConfigError on bad input."""
     resume = None
@@ -75,8 +84,9 @@ def resolve(args: argparse.Namespace) -> tuple[Config, Path, dict | None]:
                               "continues in its own directory")
         if args.config:
             config = load_config(args.config, args.overrides)
-        else:  # the config in effect at the checkpoint (earlier resumes' overrides included)
-            raw = copy.deepcopy(resume["config"])
+        else:  # the config in effect at the checkpoint (earlier resumes' overrides included),
+            # rewritten with the current key names so that --set may use them
+            raw = config_from_dict(resume["config"]).to_dict()
             for item in args.overrides:
                 apply_override(raw, item)
             config = config_from_dict(raw)
@@ -142,9 +152,14 @@ def record_run_start(args: argparse.Namespace, config: Config, run_dir: Path, re
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.list_recipes:  # no MPI work: every rank would print the same list
+    if args.list_recipes or args.list_keys:  # no MPI work: every rank would print the same list
+        try:
+            text = list_recipes() if args.list_recipes else keys_text(args)
+        except ConfigError as exc:
+            print(f"her_mpi.train: error: {exc}", file=sys.stderr, flush=True)
+            return EXIT_BAD_INPUT
         if mpi.is_root():
-            print(list_recipes())
+            print(text)
         return 0
     return mpi.run_guarded(lambda: _main(args))
 

@@ -32,8 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from her_mpi import __version__, mpi
-from her_mpi.algos import ALGORITHMS
+from her_mpi import __version__, mpi, registry
 from her_mpi.algos.base import Agent
 from her_mpi.checkpoint import (CheckpointWriteError, ReplayStore, check_compatible, remove_stale_temporaries,
                                 replay_dir, save_checkpoint)
@@ -89,7 +88,7 @@ def seed_global_generators(seed: int, rank: int, restart: int = 0) -> None:
 
 def build_agent(config: Config, spec: EnvSpec, env=None, seed_sequence=None) -> Agent:
     """The algorithm named by the config; ``env`` supplies the reward (not needed to act)."""
-    cls = ALGORITHMS[config.algo_name]
+    cls = registry.algorithm_class(config.algo_name)
     torch.manual_seed(config.train.seed)  # same initial weights everywhere (broadcast anyway)
     goal_fns = goal_functions(env) if env is not None else None
     return cls(spec, config, goal_fns, seed_sequence or np.random.SeedSequence(0))

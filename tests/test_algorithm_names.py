@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import yaml
 
+from her_mpi import registry
 from her_mpi.algos import ALGORITHMS
 from her_mpi.checkpoint import check_compatible, load_checkpoint, save_checkpoint
 from her_mpi.algos.htrpo import HPG, HTRPO, HPGParams, HTRPOParams
@@ -56,7 +57,7 @@ def test_hpg_is_hpg_with_its_own_parameters():
     config = load_config(None, ["algo=hpg", "env.id=PredatorPrey-v0"])
     assert type(config.algo) is HPGParams and not isinstance(config.algo, HTRPOParams)
     fields = {f.name for f in dataclasses.fields(HPGParams)}
-    assert "pg_lr" in fields and not fields & {"max_kl", "cg_iters", "cg_damping", "line_search_steps",
+    assert "lr_actor" in fields and not fields & {"max_kl", "cg_iters", "cg_damping", "line_search_steps",
                                                  "hvp_subsample", "kl"}
     agent = build_agent(config, CONTINUOUS)
     assert type(agent) is HPG and not isinstance(agent, HTRPO)
@@ -66,8 +67,8 @@ def test_hpg_is_hpg_with_its_own_parameters():
 
 
 def test_htrpo_keeps_no_hpg_step_size():
-    with pytest.raises(ConfigError, match="algo.pg_lr"):
-        load_config(None, ["algo=htrpo", "algo.pg_lr=0.01"])
+    with pytest.raises(ConfigError, match="algo.lr_actor"):
+        load_config(None, ["algo=htrpo", "algo.lr_actor=0.01"])
 
 
 def test_the_name_is_stored_not_inferred():
@@ -86,6 +87,18 @@ def test_the_config_module_does_not_import_the_algorithms():
     assert result.stdout.strip() == "False"
 
 
+def test_the_algorithms_do_not_import_the_config_loader():
+    # dependencies run one way: config -> registry -> algorithms -> settings
+    code = "import sys, her_mpi.algos; print('her_mpi.config' in sys.modules, 'her_mpi.registry' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["False", "False"]
+
+
+def test_the_registry_names_every_algorithm_by_its_own_name():
+    assert {name: registry.algorithm_class(name) for name in registry.BUILTIN} == ALGORITHMS
+    assert registry.algorithm_names() == sorted(ALGORITHMS)
+
+
 def test_hpg_learns_with_a_plain_gradient_step():
     from her_mpi.envs import goal_functions, make_env
     from her_mpi.config import EnvConfig
@@ -101,4 +114,4 @@ def test_hpg_learns_with_a_plain_gradient_step():
     metrics = agent.learn(episodes)
     assert "surrogate" in metrics and "line_search_step" not in metrics
     step = (agent.policy_optimizer.flat.param - before).abs().max()
-    assert 0 < float(step) <= 1.5 * config.algo.pg_lr  # Adam's first step moves each weight by <= lr
+    assert 0 < float(step) <= 1.5 * config.algo.lr_actor  # Adam's first step moves each weight by <= lr

@@ -1,11 +1,19 @@
-"""Config loading, overrides and validation: every mistake names the key and what was expected."""
+"""Config loading, overrides and validation: every mistake names the key and what was expected;
+every key is documented; deprecated names still load; settings are never silently ignored."""
 
-from pathlib import Path
+import dataclasses
+import typing
+import warnings
 
+import numpy as np
 import pytest
+import torch
 
-from her_mpi.config import ConfigError, load_config
-from conftest import ROOT
+from her_mpi import registry
+from her_mpi.config import SECTIONS, Config, ConfigError, config_from_dict, load_config, section_keys
+from her_mpi.envs import env_spec, make_env
+from her_mpi.trainer import build_agent
+from conftest import ROOT, describe, run_python
 
 RECIPES = sorted((ROOT / "configs").glob("*.yaml"))
 
@@ -23,10 +31,30 @@ def test_default_recipe_is_fetch_reach_ddpg():
     assert config.algo.polyak == 0.95 and config.algo.action_l2 == 1.0 and config.replay.replay_k == 4
 
 
-@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
 def test_every_recipe_loads(recipe):
-    config = load_config(recipe)
-    assert config.env.id
+    """Every packaged recipe validates without deprecated names, makes its env, builds its
+    algorithm on that env and acts within the action space."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # a recipe still using a deprecated name
+        config = load_config(recipe)
+    env = make_env(config.env, seed=0)
+    try:
+        spec = env_spec(env, config.env.id)
+        config.replay.size = config.train.rollouts_per_rank * spec.horizon  # the smallest valid buffer
+        agent = build_agent(config, spec, env)
+        assert type(agent) is registry.algorithm_class(config.algo_name)
+        assert type(config.algo) is type(agent).Params
+        obs, _ = env.reset(seed=0)
+        action = agent.act(np.ravel(obs["observation"])[None].astype(spec.obs_dtype),
+                           np.asarray(obs["desired_goal"], np.float32)[None], explore=False)
+        assert action.shape == (1, spec.action_dim)
+        if spec.discrete:
+            assert 0 <= action[0, 0] < spec.n_actions
+        else:
+            assert np.all(np.abs(action) <= 1.0)  # agents act in [-1, 1]; the env's bounds come after
+    finally:
+        env.close()
 
 
 def test_unknown_key_names_it_and_suggests_the_nearest():
@@ -48,6 +76,13 @@ def test_wrong_type_is_named():
     message = error_of("train.n_epochs=many")
     assert "train.n_epochs" in message and "expected an integer" in message and "'many'" in message
     assert "expected true or false" in error_of("replay.prioritized=maybe")
+
+
+def test_numbers_in_exponent_notation_are_numbers():
+    # YAML 1.1 reads 3e-4 (no dot) as a string; the README's --set algo.lr_actor=3e-4 must work
+    config = load_config(None, ["algo.lr_actor=3e-4", "replay.size=1e5"])
+    assert config.algo.lr_actor == 3e-4 and config.replay.size == 100_000
+    assert "expected an integer" in error_of("replay.size=1e-5")
 
 
 def test_out_of_range_is_named():
@@ -105,3 +140,107 @@ def test_switching_algorithm_starts_from_its_defaults(tmp_path):
     assert load_config(None, ["algo=sac"]).algo.target_update_every == 2
     kept = load_config(None, ["algo.hidden=[64]"])
     assert kept.algo.target_update_every == 8 and kept.algo.hidden == [64]
+
+
+# -- every key documented ----------------------------------------------------------------------
+
+
+def section_classes():
+    hints = typing.get_type_hints(Config)
+    yield from ((name, hints[name]) for name in SECTIONS if name != "algo")
+    yield from ((f"algo ({name})", registry.algorithm_class(name).Params) for name in registry.algorithm_names())
+
+
+@pytest.mark.parametrize("section, cls", list(section_classes()), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_key_has_a_one_line_description(section, cls):
+    rows = section_keys(cls, section.split()[0])
+    assert rows
+    for key, type_name, default, description in rows:
+        assert description and "\n" not in description, f"{key} has no one-line description"
+        assert type_name and default, key
+
+
+def test_list_keys_prints_a_section():
+    result = run_python(["-m", "her_mpi.train", "--list-keys", "replay"])
+    assert result.returncode == 0, describe(result)
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["key", "type", "default", "description"]
+    strategy = next(line for line in lines if line.startswith("replay.strategy "))
+    assert "future | final" in strategy and "hindsight goals" in strategy
+    assert not any(line.startswith(("train.", "algo.")) for line in lines)
+
+
+def test_list_keys_shows_the_algorithm_a_recipe_chooses_else_every_algorithm():
+    chosen = run_python(["-m", "her_mpi.train", "--list-keys", "algo", "--config", "fetch_push_td3_kfac"])
+    assert chosen.returncode == 0, describe(chosen)
+    assert "[algo, when algo.name is td3]" in chosen.stdout and "algo.kfac.damping " in chosen.stdout
+    assert chosen.stdout.count("[algo") == 1
+    every = run_python(["-m", "her_mpi.train", "--list-keys"])
+    assert every.returncode == 0, describe(every)
+    for name in registry.algorithm_names():
+        assert f"[algo, when algo.name is {name}" in every.stdout
+    for section in set(SECTIONS) - {"algo"}:
+        assert f"[{section}]" in every.stdout
+    assert "critic_lr -> lr_critic" in every.stdout  # deprecated names are listed with their algorithm
+
+
+def test_list_keys_suggests_the_nearest_section():
+    result = run_python(["-m", "her_mpi.train", "--list-keys", "replya"])
+    assert result.returncode == 2 and "did you mean 'replay'" in result.stderr
+
+
+# -- one learning-rate scheme; the old names still load -----------------------------------------
+
+
+@pytest.mark.parametrize("algo, old, new", [("htrpo", "critic_lr", "lr_critic"), ("ppo", "critic_lr", "lr_critic"),
+                                            ("ppo", "lr", "lr_actor"), ("hpg", "pg_lr", "lr_actor"),
+                                            ("dqn", "lr", "lr_q")])
+def test_deprecated_learning_rate_names_load_with_a_warning(algo, old, new):
+    with pytest.warns(FutureWarning, match=f"algo.{old} is deprecated; use algo.{new}"):
+        config = load_config(None, [f"algo={algo}", f"algo.{old}=0.0123"])
+    assert getattr(config.algo, new) == 0.0123 and not hasattr(config.algo, old)
+    message = error_of(f"algo={algo}", f"algo.{old}=0.1", f"algo.{new}=0.2")
+    assert f"algo.{old}" in message and f"algo.{new}" in message
+
+
+def test_a_checkpoint_config_with_the_old_names_loads(tmp_path):
+    # config.yaml / the checkpoint's config of a run before the renaming: every key written out
+    saved = load_config("fetch_push_htrpo").to_dict()
+    saved["algo"]["critic_lr"] = saved["algo"].pop("lr_critic")
+    with pytest.warns(FutureWarning, match="algo.critic_lr"):
+        config = config_from_dict(saved)
+    assert config.algo.lr_critic == 5e-4 and "critic_lr" not in config.to_dict()["algo"]
+
+
+def test_learning_rates_share_one_name_scheme():
+    for name in registry.algorithm_names():
+        rates = [f.name for f in dataclasses.fields(registry.algorithm_class(name).Params) if "lr" in f.name]
+        assert rates and all(rate.startswith("lr_") for rate in rates), (name, rates)
+
+
+# -- settings are used or refused ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algo", ["ddpg", "td3"])
+def test_kfac_refuses_adam_learning_rates(algo):
+    for key in ("lr_actor", "lr_critic"):
+        message = error_of(f"algo={algo}", "algo.optimizer=kfac", f"algo.{key}=3e-4")
+        assert f"algo.{key}" in message and "algo.kfac.lr" in message
+    assert load_config(None, [f"algo={algo}", "algo.optimizer=kfac", "algo.kfac.lr=0.01"]).algo.kfac.lr == 0.01
+    assert load_config(None, [f"algo={algo}", "algo.lr_actor=3e-4"]).algo.lr_actor == 3e-4  # Adam uses it
+
+
+def test_ppo_refuses_several_copies_of_the_final_goal():
+    message = error_of("algo=ppo", "algo.strategy=final", "algo.replay_k=4")
+    assert "algo.replay_k" in message and "final" in message
+    assert load_config(None, ["algo=ppo", "algo.strategy=future", "algo.replay_k=4"]).algo.replay_k == 4
+
+
+def test_sac_actor_uses_the_configured_activation():
+    from her_mpi.envs import EnvSpec
+    spec = EnvSpec("PredatorPrey-v0", 4, 2, False, 2, 0, (-1.0, -1.0), (1.0, 1.0), 20, 0.0, (0.0, 1.0))
+    config = load_config(None, ["algo=sac", "env.id=PredatorPrey-v0", "replay.size=1000", "algo.activation=tanh"])
+    agent = build_agent(config, spec)
+    activations = [type(m) for m in agent.actor.modules() if not isinstance(m, (torch.nn.Linear,))
+                   and not list(m.children())]
+    assert activations and set(activations) == {torch.nn.Tanh}

@@ -47,7 +47,7 @@ CORRIDOR_GOALS = [[8, c] for c in (4, 5, 6, 7, 13, 14, 15)]
 # trainer's own test episodes are skipped (the test evaluates every corridor goal itself).
 PACMAN = ["--set", f"env.kwargs={{goal_cells: {CORRIDOR_GOALS}}}", "--set", "train.n_epochs=4",
           "--set", "train.n_cycles=15", "--set", "train.rollouts_per_rank=2", "--set", "train.n_batches=20",
-          "--set", "replay.size=20000", "--set", "algo.lr=5.0e-4", "--set", "train.n_test_episodes=0"]
+          "--set", "replay.size=20000", "--set", "algo.lr_q=5.0e-4", "--set", "train.n_test_episodes=0"]
 
 
 def greedy_success(agent, goals) -> list[bool]:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from her_mpi.algos.base import OffPolicyAgent, OffPolicyParams
-from her_mpi.config import ConfigError, check
+from her_mpi.settings import ConfigError, check, setting
 from her_mpi.nets import ActionScaler, CriticEnsemble, DeployablePolicy, flat_target_copy
 from her_mpi.optim import GradientGroup, SyncedAdam
 from her_mpi.optim.kfac import KFAC
@@ -22,10 +22,10 @@ from her_mpi.optim.kfac import KFAC
 
 @dataclass
 class ActorCriticParams(OffPolicyParams):
-    lr_actor: float = 1e-3
-    lr_critic: float = 1e-3
-    n_critics: int = 2
-    random_eps: float = 0.3  # exploration: probability of a uniformly random action
+    lr_actor: float = setting(1e-3, "Adam learning rate of the actor")
+    lr_critic: float = setting(1e-3, "Adam learning rate of the critics")
+    n_critics: int = setting(2, "critics: 2 for the clipped double-Q target (TD3, SAC), 1 (DDPG)")
+    random_eps: float = setting(0.3, "exploration: probability of a uniformly random action per step")
 
     def validate(self, path: str) -> None:
         super().validate(path)

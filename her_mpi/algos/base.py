@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -19,11 +20,14 @@ from torch import nn
 
 from her_mpi import mpi
 from her_mpi.cnn import goal_conditioned_input
-from her_mpi.config import Config, ConfigError, check
+from her_mpi.settings import ConfigError, check, setting
 from her_mpi.envs import EnvSpec, GoalFunctions
 from her_mpi.nets import DeployablePolicy
 from her_mpi.replay.buffer import EpisodeStore, ReplayBuffer
 from her_mpi.rollout import Episodes
+
+if TYPE_CHECKING:  # the loader imports the algorithms, never the other way round
+    from her_mpi.config import Config
 
 
 class Agent(ABC):
@@ -103,19 +107,21 @@ class Agent(ABC):
 
 @dataclass
 class OffPolicyParams:
-    hidden: list[int] = field(default_factory=lambda: [256, 256, 256])
-    activation: str = "relu"
-    gamma: float | None = None  # None: 1 - 1/T (0.98 for the 50-step Fetch tasks)
-    polyak: float = 0.95  # target <- polyak * target + (1 - polyak) * online
-    target_update_every: int = 0  # 0: once per cycle after its updates (baselines); N: every N updates
-    clip_target: bool = True  # clip TD targets to the return range, [-1/(1-gamma), 0] for -1/0 rewards
-    # TD targets over n stored steps (the rewards under the sampled goal, then the target value):
-    # faster propagation of sparse rewards, biased towards the behaviour's returns
-    n_step: int = 1
-    # lower_bound: the larger of the one-step and the n-step target. With sparse rewards the
-    # n-step return of any behaviour plus the value after it is a lower bound of Q*, so it can only
-    # raise an underestimate (He et al. 2017, "optimality tightening"); none: the n-step target
-    n_step_correction: str = "lower_bound"
+    hidden: list[int] = setting([256, 256, 256], "hidden layer widths of every network (image observations: "
+                                                 "the fully connected layers after the convolutions)")
+    activation: str = setting("relu", "hidden-layer activation of every network: relu, tanh or elu")
+    gamma: float | None = setting(None, "discount factor; null: 1 - 1/T (0.98 for the 50-step Fetch tasks)")
+    polyak: float = setting(0.95, "target networks move as target <- polyak * target + (1 - polyak) * online")
+    target_update_every: int = setting(0, "updates between target-network moves (0: once per cycle after its "
+                                          "updates, as baselines)")
+    clip_target: bool = setting(True, "clip TD targets to the return range, [-1/(1-gamma), 0] for -1/0 rewards")
+    # Faster propagation of sparse rewards, biased towards the behaviour's returns.
+    n_step: int = setting(1, "TD targets over n stored steps: the rewards under the sampled goal, then the "
+                             "target value")
+    # With sparse rewards the n-step return of any behaviour plus the value after it is a lower
+    # bound of Q*, so it can only raise an underestimate (He et al. 2017, "optimality tightening").
+    n_step_correction: str = setting("lower_bound", "n_step > 1: lower_bound (the larger of the one-step and "
+                                                    "n-step targets) or none (the n-step target)")
 
     def validate(self, path: str) -> None:
         check(self.gamma is None or 0.0 <= self.gamma < 1.0, f"{path}.gamma", self.gamma,

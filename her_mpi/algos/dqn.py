@@ -16,7 +16,7 @@ from torch.nn import functional as F
 
 from her_mpi.algos.base import OffPolicyAgent, OffPolicyParams
 from her_mpi.cnn import network_body
-from her_mpi.config import ConfigError, check
+from her_mpi.settings import ConfigError, check, setting
 from her_mpi.mlp import train_forward
 from her_mpi.nets import DeployablePolicy, GreedyAction, flat_target_copy
 from her_mpi.optim import SyncedAdam
@@ -24,15 +24,18 @@ from her_mpi.optim import SyncedAdam
 
 @dataclass
 class DQNParams(OffPolicyParams):
+    RENAMED = {"lr": "lr_q"}  # deprecated name -> current name (lr_<network> for every algorithm)
+
     hidden: list[int] = field(default_factory=lambda: [256])
-    lr: float = 1e-3
-    double: bool = True
-    loss: str = "huber"  # huber | mse
-    epsilon: float = 0.1  # probability of a uniformly random action while collecting
+    lr_q: float = setting(1e-3, "Adam learning rate of the Q-network")
+    double: bool = setting(True, "Double DQN: the online network picks the next action, the target network "
+                                 "values it")
+    loss: str = setting("huber", "TD loss: huber (delta 1) or mse")
+    epsilon: float = setting(0.1, "exploration: probability of a uniformly random action while collecting")
 
     def validate(self, path: str) -> None:
         super().validate(path)
-        check(self.lr > 0, f"{path}.lr", self.lr, "a number > 0")
+        check(self.lr_q > 0, f"{path}.lr_q", self.lr_q, "a number > 0")
         check(self.loss in ("huber", "mse"), f"{path}.loss", self.loss, "'huber' or 'mse'")
         check(0.0 <= self.epsilon <= 1.0, f"{path}.epsilon", self.epsilon, "a number in [0, 1]")
 
@@ -50,7 +53,7 @@ class DQN(OffPolicyAgent):
         # the paper's CNN for image observations (hidden = its FC layers), else an MLP
         self.q_network = network_body(spec, self.inputs.out_dim, p.hidden, spec.n_actions, p.activation)
         self.q_target, q_target_flat = flat_target_copy(self.q_network)
-        self.optimizer = SyncedAdam(self.q_network, p.lr)
+        self.optimizer = SyncedAdam(self.q_network, p.lr_q)
         self.target_pairs.append((q_target_flat, self.optimizer.flat.param))
         self.nets.update({"q_network": self.q_network, "q_target": self.q_target})
 

@@ -44,7 +44,7 @@ import torch
 from her_mpi import mpi
 from her_mpi.algos.on_policy import OnPolicyAgent, OnPolicyParams, Relabelled, gae, global_sum, relabel
 from her_mpi.algos.policies import detach_params
-from her_mpi.config import check
+from her_mpi.settings import check, setting
 from her_mpi.nets import FlatParameters
 from her_mpi.optim import SyncedAdam
 from her_mpi.rollout import Episodes
@@ -56,15 +56,18 @@ MAX_LOG_RATIO = 20.0  # per-decision log importance ratios are clipped to avoid 
 class HindsightParams(OnPolicyParams):
     """What HTRPO and HPG share: goal choice, relabelling, importance weights, critic."""
 
-    goal_filtering: bool = True  # Hindsight Goal Filtering; off: uniformly sampled achieved goals
-    weighted_is: bool = True  # per (goal, step), normalise the importance ratios over episodes
-    original_goals: bool = True  # also learn from the episodes under their own goals (the authors' configs: off)
-    reward: str = "sparse"  # sparse: T - t at the first success; dense: -|achieved - goal|
-    n_goals: int = 100  # hindsight goals per iteration (0: every distinct achieved goal)
-    goal_decimals: int = 3  # achieved goals are rounded to this many decimals to find distinct ones
-    gae_lambda: float = 0.0  # 0: TD(0) advantages and targets, as in the authors' code
-    critic_iters: int = 20
-    critic_batch_size: int = 0  # 0: full batch
+    goal_filtering: bool = setting(True, "Hindsight Goal Filtering (false: uniformly sampled achieved goals)")
+    weighted_is: bool = setting(True, "weighted importance sampling: per (goal, step), normalise the importance "
+                                      "ratios over episodes")
+    original_goals: bool = setting(True, "also learn from the episodes under their own goals (the authors' "
+                                         "configs: false)")
+    reward: str = setting("sparse", "reward of the rewritten episodes: sparse (T - t at the first success) or "
+                                    "dense (-|achieved - goal|)")
+    n_goals: int = setting(100, "hindsight goals per iteration (0: every distinct achieved goal)")
+    goal_decimals: int = setting(3, "achieved goals are rounded to this many decimals to find distinct ones")
+    gae_lambda: float = setting(0.0, "GAE lambda (0: TD(0) advantages and targets, as in the authors' code)")
+    critic_iters: int = setting(20, "value-network gradient steps per iteration")
+    critic_batch_size: int = setting(0, "rows per value-network step (0: the full batch)")
 
     def validate(self, path: str) -> None:
         super().validate(path)
@@ -81,12 +84,13 @@ class HindsightParams(OnPolicyParams):
 class HTRPOParams(HindsightParams):
     # Trust region in the paper's units (module docstring): 2e-5 for Fetch and Ms. Pac-Man,
     # 1e-3 for bit flipping at the paper's batch sizes.
-    max_kl: float = 2e-5
-    cg_iters: int = 10
-    cg_damping: float = 1e-3
-    hvp_subsample: float = 1.0  # fraction of rows used for Hessian-vector products (speed)
-    line_search_steps: int = 10
-    kl: str = "qkl"  # qkl | analytic | logratio
+    max_kl: float = setting(2e-5, "trust region size in the paper's units (2e-5 Fetch and Ms. Pac-Man, 1e-3 bit "
+                                  "flipping)")
+    cg_iters: int = setting(10, "conjugate-gradient iterations for the step direction")
+    cg_damping: float = setting(1e-3, "damping added to the Hessian-vector products")
+    hvp_subsample: float = setting(1.0, "fraction of rows used for Hessian-vector products (speed)")
+    line_search_steps: int = setting(10, "backtracking line-search halvings before the step is rejected")
+    kl: str = setting("qkl", "divergence of the trust region: qkl (the paper's), analytic or logratio")
 
     def validate(self, path: str) -> None:
         super().validate(path)
@@ -100,11 +104,13 @@ class HTRPOParams(HindsightParams):
 
 @dataclass
 class HPGParams(HindsightParams):
-    pg_lr: float = 1e-3  # Adam step size on the weighted objective
+    RENAMED = {"pg_lr": "lr_actor"}
+
+    lr_actor: float = setting(1e-3, "Adam learning rate of the policy on the weighted objective")
 
     def validate(self, path: str) -> None:
         super().validate(path)
-        check(self.pg_lr > 0, f"{path}.pg_lr", self.pg_lr, "a number > 0")
+        check(self.lr_actor > 0, f"{path}.lr_actor", self.lr_actor, "a number > 0")
 
 
 def hindsight_goal_filtering(achieved: np.ndarray, original: np.ndarray, n_goals: int,
@@ -350,7 +356,7 @@ class HPG(HindsightAgent):
 
     def __init__(self, spec, config, goal_fns, seed_sequence):
         super().__init__(spec, config, goal_fns, seed_sequence)
-        self.policy_optimizer = SyncedAdam(self.policy_net, self.params.pg_lr)
+        self.policy_optimizer = SyncedAdam(self.policy_net, self.params.lr_actor)
         self.policy_flat = self.policy_optimizer.flat
 
     def optimizers(self) -> dict:

@@ -21,7 +21,7 @@ its step starts from (see HindsightAgent.learn).
 from __future__ import annotations
 
 from abc import abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -30,7 +30,7 @@ from her_mpi import mpi
 from her_mpi.algos.base import Agent
 from her_mpi.algos.policies import CategoricalPolicy, GaussianPolicy
 from her_mpi.cnn import input_statistics, network_body, preserve_function
-from her_mpi.config import check
+from her_mpi.settings import check, setting
 from her_mpi.envs import EnvSpec
 from her_mpi.nets import ActionScaler, DeployablePolicy, GreedyAction
 from her_mpi.optim import SyncedAdam
@@ -39,12 +39,15 @@ from her_mpi.rollout import Episodes
 
 @dataclass
 class OnPolicyParams:
-    hidden: list[int] = field(default_factory=lambda: [64, 64])  # image observations: the FC layers after the convs
-    activation: str = "tanh"
-    gamma: float = 0.98
-    hindsight: bool = True  # off: the plain algorithm (TRPO / PPO) on the original goals only
-    critic_lr: float = 5e-4
-    log_std_init: float = 0.0  # Gaussian policies: initial log standard deviation
+    RENAMED = {"critic_lr": "lr_critic"}  # deprecated name -> current name (lr_<network> for every algorithm)
+
+    hidden: list[int] = setting([64, 64], "hidden layer widths of the policy and value networks (image "
+                                          "observations: the fully connected layers after the convolutions)")
+    activation: str = setting("tanh", "hidden-layer activation of the policy and value networks: relu, tanh or elu")
+    gamma: float = setting(0.98, "discount factor")
+    hindsight: bool = setting(True, "learn from hindsight goals too (false: the plain algorithm, TRPO or PPO)")
+    lr_critic: float = setting(5e-4, "Adam learning rate of the value network")
+    log_std_init: float = setting(0.0, "Gaussian policies: initial log standard deviation")
 
     def validate(self, path: str) -> None:
         check(len(self.hidden) >= 1 and all(h >= 1 for h in self.hidden), f"{path}.hidden", self.hidden,
@@ -52,7 +55,7 @@ class OnPolicyParams:
         check(self.activation in ("relu", "tanh", "elu"), f"{path}.activation", self.activation,
               "one of 'relu', 'tanh', 'elu'")
         check(0.0 <= self.gamma < 1.0, f"{path}.gamma", self.gamma, "a number in [0, 1)")
-        check(self.critic_lr > 0, f"{path}.critic_lr", self.critic_lr, "a number > 0")
+        check(self.lr_critic > 0, f"{path}.lr_critic", self.lr_critic, "a number > 0")
 
 
 @dataclass
@@ -122,7 +125,7 @@ class OnPolicyAgent(Agent):
             self.policy_net = GaussianPolicy(mean, spec.action_dim, log_std_init=p.log_std_init)
             self.head = ActionScaler(spec.action_low, spec.action_high)
         self.value_net = network_body(spec, self.inputs.out_dim, p.hidden, 1, p.activation)
-        self.value_optimizer = SyncedAdam(self.value_net, p.critic_lr)
+        self.value_optimizer = SyncedAdam(self.value_net, p.lr_critic)
         self.nets.update({"policy": self.policy_net, "value": self.value_net})
         self.n_iterations = 0
 

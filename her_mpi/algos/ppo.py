@@ -28,36 +28,42 @@ import torch
 
 from her_mpi import mpi
 from her_mpi.algos.on_policy import OnPolicyAgent, OnPolicyParams, Relabelled, gae, global_sum, relabel
-from her_mpi.config import check
+from her_mpi.settings import check, setting
 from her_mpi.optim import SyncedAdam
 from her_mpi.rollout import Episodes
 
 
 @dataclass
 class PPOParams(OnPolicyParams):
+    RENAMED = {"lr": "lr_actor"}
+
     gamma: float = 0.99
-    gae_lambda: float = 0.95
-    lr: float = 3e-4
-    critic_lr: float = 3e-4
-    n_epochs: int = 10
-    minibatch_size: int = 64  # per rank
-    clip_range: float = 0.2
-    target_kl: float = 0.05  # stop before a minibatch step once its mean KL exceeds 1.5x this (0: never)
-    entropy_coef: float = 0.0
-    max_grad_norm: float = 0.5
-    strategy: str = "final"  # final | future | episode
-    replay_k: int = 1  # hindsight copies per episode (final: always 1)
+    gae_lambda: float = setting(0.95, "GAE lambda of the advantages")
+    lr_actor: float = setting(3e-4, "Adam learning rate of the policy")
+    lr_critic: float = 3e-4
+    n_epochs: int = setting(10, "passes over each batch of episodes")
+    minibatch_size: int = setting(64, "rows per minibatch, per rank")
+    clip_range: float = setting(0.2, "PPO's clip of the probability ratio to [1 - clip_range, 1 + clip_range]")
+    target_kl: float = setting(0.05, "stop before a minibatch step once its mean KL exceeds 1.5x this (0: never)")
+    entropy_coef: float = setting(0.0, "weight of the entropy bonus in the policy loss")
+    max_grad_norm: float = setting(0.5, "gradients of policy and value network are clipped to this global norm")
+    strategy: str = setting("final", "hindsight goal of each copy: final (the episode's last achieved goal), "
+                                     "future (after a random step) or episode (at a random step)")
+    replay_k: int = setting(1, "hindsight copies per episode (future, episode; final makes exactly one)")
 
     def validate(self, path: str) -> None:
         super().validate(path)
         check(0.0 <= self.gae_lambda <= 1.0, f"{path}.gae_lambda", self.gae_lambda, "a number in [0, 1]")
-        check(self.lr > 0, f"{path}.lr", self.lr, "a number > 0")
+        check(self.lr_actor > 0, f"{path}.lr_actor", self.lr_actor, "a number > 0")
         for name in ("n_epochs", "minibatch_size", "replay_k"):
             check(getattr(self, name) >= 1, f"{path}.{name}", getattr(self, name), "an integer >= 1")
         for name in ("clip_range", "target_kl", "entropy_coef", "max_grad_norm"):
             check(getattr(self, name) >= 0, f"{path}.{name}", getattr(self, name), "a number >= 0")
         check(self.strategy in ("final", "future", "episode"), f"{path}.strategy", self.strategy,
               "'final', 'future' or 'episode'")
+        # final has one goal per episode: more copies would be identical
+        check(self.strategy != "final" or self.replay_k == 1, f"{path}.replay_k", self.replay_k,
+              f"1 with {path}.strategy final (one final goal per episode; future or episode draw replay_k goals)")
 
 
 class PPO(OnPolicyAgent):
@@ -66,7 +72,7 @@ class PPO(OnPolicyAgent):
 
     def __init__(self, spec, config, goal_fns, seed_sequence):
         super().__init__(spec, config, goal_fns, seed_sequence)
-        self.policy_optimizer = SyncedAdam(self.policy_net, self.params.lr, self.params.max_grad_norm)
+        self.policy_optimizer = SyncedAdam(self.policy_net, self.params.lr_actor, self.params.max_grad_norm)
         self.value_optimizer.max_grad_norm = self.params.max_grad_norm
 
     def optimizers(self) -> dict:

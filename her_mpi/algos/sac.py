@@ -15,17 +15,17 @@ import torch
 from torch import nn
 
 from her_mpi.algos.actor_critic import ActorCriticAgent, ActorCriticParams
-from her_mpi.config import check
-from her_mpi.nets import mlp
+from her_mpi.settings import check, setting
+from her_mpi.nets import ACTIVATIONS, mlp
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
 
 
 @dataclass
 class SACParams(ActorCriticParams):
-    lr_alpha: float = 1e-3
-    init_alpha: float = 0.1
-    target_entropy: float | None = None  # None: -|A|
+    lr_alpha: float = setting(1e-3, "Adam learning rate of the entropy temperature (its log)")
+    init_alpha: float = setting(0.1, "initial entropy temperature alpha")
+    target_entropy: float | None = setting(None, "entropy the temperature steers the policy to; null: -|A|")
     # Uniformly random actions as in the baselines recipe: once the temperature has settled, the
     # policy's own noise at the target entropy -|A| is about 0.09 per action dimension (TD3: 0.2
     # plus 30% random actions), too little to move the object in FetchPush.
@@ -44,7 +44,9 @@ class SquashedGaussianActor(nn.Module):
 
     def __init__(self, in_dim: int, hidden: list[int], action_dim: int, activation: str):
         super().__init__()
-        self.body = mlp(in_dim, hidden[:-1], hidden[-1], activation, output_activation=nn.ReLU)
+        # every hidden layer, the body's last one included, uses the configured activation
+        last_activation = type(ACTIVATIONS[activation]())  # the module class of that name
+        self.body = mlp(in_dim, hidden[:-1], hidden[-1], activation, output_activation=last_activation)
         self.mean = nn.Linear(hidden[-1], action_dim)
         self.log_std = nn.Linear(hidden[-1], action_dim)
 

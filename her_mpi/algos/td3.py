@@ -8,27 +8,28 @@ boundary and in the exported policy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 
 from her_mpi.algos.actor_critic import ActorCriticAgent, ActorCriticParams
-from her_mpi.config import check
+from her_mpi.settings import check, setting
 from her_mpi.nets import mlp
 from her_mpi.optim.kfac import KFACParams
 
 
 @dataclass
 class TD3Params(ActorCriticParams):
-    optimizer: str = "adam"  # adam | kfac (natural gradient, HER+KFAC / TDHER+KFAC) for actor and critics
-    kfac: KFACParams = field(default_factory=KFACParams)  # used when optimizer is kfac
-    action_l2: float = 1.0  # penalty on the squared [-1, 1] action in the actor loss
-    noise_eps: float = 0.2  # exploration: Gaussian noise std, as a fraction of the action range
-    policy_delay: int = 2  # critic updates per actor update
-    target_noise: float = 0.2  # target policy smoothing std (fraction of the action range)
-    target_noise_clip: float = 0.5
+    optimizer: str = setting("adam", "optimizer of actor and critics: adam, or kfac (natural gradient: HER+KFAC, "
+                                     "TDHER+KFAC; its settings are algo.kfac.*)")
+    kfac: KFACParams = setting(help="K-FAC settings (optimizer: kfac)", factory=KFACParams)
+    action_l2: float = setting(1.0, "penalty on the squared [-1, 1] action in the actor loss")
+    noise_eps: float = setting(0.2, "exploration: Gaussian noise std, as a fraction of the action range")
+    policy_delay: int = setting(2, "critic updates per actor update")
+    target_noise: float = setting(0.2, "target policy smoothing: noise std, as a fraction of the action range")
+    target_noise_clip: float = setting(0.5, "target policy smoothing: the noise is clipped to +-this")
     # Targets move when the actor does; polyak 0.99 every 2 updates is SB3's tau = 0.005 per
     # update (a lag of ~200 updates; the baselines DDPG schedule lags ~800).
     target_update_every: int = 2
@@ -36,6 +37,12 @@ class TD3Params(ActorCriticParams):
 
     def validate(self, path: str) -> None:
         super().validate(path)
+        if self.optimizer == "kfac":  # K-FAC steps with kfac.lr: Adam's rates would be silently unused
+            for name in ("lr_actor", "lr_critic"):
+                default = ActorCriticParams.__dataclass_fields__[name].default
+                check(getattr(self, name) == default, f"{path}.{name}", getattr(self, name),
+                      f"its default {default} with {path}.optimizer kfac, which steps with "
+                      f"{path}.kfac.lr ({name} is Adam's learning rate)")
         for name in ("action_l2", "noise_eps", "target_noise", "target_noise_clip"):
             check(getattr(self, name) >= 0, f"{path}.{name}", getattr(self, name), "a number >= 0")
         check(self.policy_delay >= 1, f"{path}.policy_delay", self.policy_delay, "an integer >= 1")

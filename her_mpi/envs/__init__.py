@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-from her_mpi.config import ConfigError, EnvConfig
+from her_mpi.settings import ConfigError, EnvConfig
 
 # Tested here with the pinned mujoco/gymnasium-robotics; other gymnasium goal envs also work.
 ROBOTICS_ENVS = ("FetchReach-v4", "FetchPush-v4", "FetchPickAndPlace-v4", "FetchSlide-v4",

@@ -41,24 +41,26 @@ import torch
 from torch import nn
 
 from her_mpi import mpi
-from her_mpi.config import check
+from her_mpi.settings import check, setting
 from her_mpi.optim import SyncedOptimizer
 
 
 @dataclass
 class KFACParams:
-    lr: float = 0.05  # natural-gradient step size (replaces the Adam learning rate)
-    damping: float = 0.8  # Tikhonov damping lambda; the seed's best runs used 0.8 (0.01 did not learn FetchPush)
-    damping_mode: str = "factored"  # factored | plain
-    momentum: float = 0.8  # the seed's best runs used 0.8
-    kl_clip: float = 1e-3
-    stat_decay: float = 0.95  # running average of the factors
-    factor_every: int = 10  # updates between factor refreshes (each costs a sampled backward pass)
-    inverse_every: int = 100  # updates between eigen-decompositions / inverses
-    # true | false | auto: each layer's natural gradient computed by one rank and shared (one more
-    # collective per update). auto: true unless a node runs more ranks than it has cores, where
-    # the extra wait for a descheduled rank costs more than the halved multiplies save.
-    split_preconditioning: bool | str = "auto"
+    lr: float = setting(0.05, "natural-gradient step size of actor and critics (replaces Adam's lr_actor and "
+                              "lr_critic)")
+    damping: float = setting(0.8, "Tikhonov damping lambda (the seed's best runs: 0.8; 0.01 did not learn FetchPush)")
+    damping_mode: str = setting("factored", "damping: factored (split between the two Kronecker factors) or plain")
+    momentum: float = setting(0.8, "SGD momentum of the preconditioned step (the seed's best runs: 0.8)")
+    kl_clip: float = setting(1e-3, "steps are scaled by min(1, sqrt(kl_clip / |lr^2 <natural gradient, gradient>|))")
+    stat_decay: float = setting(0.95, "running-average decay of the Kronecker factors")
+    factor_every: int = setting(10, "updates between factor refreshes (each costs a sampled backward pass)")
+    inverse_every: int = setting(100, "updates between eigen-decompositions / inverses of the factors")
+    # Split: each layer's natural gradient computed by one rank and shared (one more collective
+    # per update). auto: true unless a node runs more ranks than it has cores, where the extra
+    # wait for a descheduled rank costs more than the halved multiplies save.
+    split_preconditioning: bool | str = setting("auto", "each layer preconditioned on one rank and shared: true, "
+                                                        "false or auto (unless a node has more ranks than cores)")
 
     def validate(self, path: str) -> None:
         for name in ("lr", "damping", "kl_clip"):
