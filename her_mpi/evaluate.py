@@ -98,7 +98,10 @@ def main(argv=None) -> int:
         return 2
     if args.video:
         return render_video(args, worker, act, description, env_cfg.id)
-    episodes = worker.generate(act, args.episodes, env_units=True)
+    try:
+        episodes = worker.generate(act, args.episodes, env_units=True)
+    finally:
+        worker.close()
     print(json.dumps({
         "policy": description, "env_id": env_cfg.id, "episodes": args.episodes, "seed": args.seed,
         "success_rate": float(episodes.success.mean()),

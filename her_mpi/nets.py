@@ -14,9 +14,11 @@ import copy
 import torch
 from torch import nn
 
-from her_mpi.settings import NormalizerConfig
+from her_mpi.episodes import action_scale, to_env_units
 from her_mpi.mlp import ACTIVATIONS, MLP, CriticEnsemble, mlp  # noqa: F401 - the networks' home
-from her_mpi.normalizer import Normalizer
+from her_mpi.normalizer import Normalizer, normalize
+from her_mpi.settings import NormalizerConfig
+
 
 class GoalConditionedInput(nn.Module):
     """(observation, desired_goal) -> normalised, clipped, concatenated network input."""
@@ -31,14 +33,10 @@ class GoalConditionedInput(nn.Module):
     def forward(self, obs: torch.Tensor, goal: torch.Tensor) -> torch.Tensor:
         # One clip-normalise-clip over the concatenation (the same arithmetic as normalising each
         # part): half the ops, in training and in the exported graph (the cats fold to constants).
-        x = torch.cat([obs, goal], dim=-1)
         obs_norm, goal_norm = self.obs_normalizer, self.goal_normalizer
-        x = x.clamp(-obs_norm.clip_raw, obs_norm.clip_raw)
-        if not obs_norm.enabled:
-            return x
-        mean = torch.cat([obs_norm.mean, goal_norm.mean])
-        std = torch.cat([obs_norm.std, goal_norm.std])
-        return ((x - mean) / std).clamp(-obs_norm.clip, obs_norm.clip)
+        return normalize(torch.cat([obs, goal], dim=-1), torch.cat([obs_norm.mean, goal_norm.mean]),
+                         torch.cat([obs_norm.std, goal_norm.std]), obs_norm.clip_raw, obs_norm.clip,
+                         obs_norm.enabled)
 
     def observe(self, obs, goal) -> None:
         self.obs_normalizer.observe(obs)
@@ -54,12 +52,12 @@ class ActionScaler(nn.Module):
 
     def __init__(self, low, high):
         super().__init__()
-        low, high = torch.as_tensor(low, dtype=torch.float32), torch.as_tensor(high, dtype=torch.float32)
-        self.register_buffer("center", (low + high) / 2)
-        self.register_buffer("half_range", (high - low) / 2)
+        center, half_range = action_scale(low, high)
+        self.register_buffer("center", torch.from_numpy(center))
+        self.register_buffer("half_range", torch.from_numpy(half_range))
 
     def forward(self, unit_action: torch.Tensor) -> torch.Tensor:
-        return self.center + self.half_range * unit_action.clamp(-1.0, 1.0)
+        return to_env_units(unit_action, self.center, self.half_range)
 
 
 class GreedyAction(nn.Module):

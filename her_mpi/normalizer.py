@@ -16,6 +16,16 @@ from torch import nn
 from her_mpi import mpi
 
 
+def normalize(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, clip_raw: float, clip: float,
+              enabled: bool = True) -> torch.Tensor:
+    """Every network's input path: clip raw values to +-clip_raw, then (when ``enabled``)
+    normalise and clip to +-clip."""
+    x = x.clamp(-clip_raw, clip_raw)
+    if not enabled:
+        return x
+    return ((x - mean) / std).clamp(-clip, clip)
+
+
 class Normalizer(nn.Module):
     def __init__(self, size: int, eps: float = 0.01, clip: float = 5.0, clip_raw: float = 200.0,
                  enabled: bool = True):
@@ -51,10 +61,7 @@ class Normalizer(nn.Module):
         self.std.copy_(torch.from_numpy(std))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.clamp(-self.clip_raw, self.clip_raw)
-        if not self.enabled:
-            return x
-        return ((x - self.mean) / self.std).clamp(-self.clip, self.clip)
+        return normalize(x, self.mean, self.std, self.clip_raw, self.clip, self.enabled)
 
     # The totals are plain numpy, so they travel through extra state, not buffers.
     def get_extra_state(self):

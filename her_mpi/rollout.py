@@ -1,47 +1,17 @@
-"""Collect batches of whole episodes from a rank's environments with one batched policy call
-per time step.
-
-Episodes are stored episode-major with a fixed horizon T: ``obs``/``ag`` have T+1 entries (the
-state after the last action included), ``g``/``actions``/``rewards`` have T. An episode that
-terminates early (bit flipping, predator-prey) keeps its true ``length``; the unused tail repeats
-the final state so every array stays rectangular. ``g`` also has T+1 entries because some goals
-move (the prey in predator-prey); the policy at step t sees ``g[:, t]``.
-"""
+"""Collect batches of whole episodes (:class:`~her_mpi.episodes.Episodes`, their layout is
+described there) from a rank's environments with one batched policy call per time step."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from her_mpi.settings import EnvConfig
 from her_mpi.envs import EnvSpec, env_spec, make_env
+from her_mpi.episodes import Episodes, action_scale, to_env_units
+from her_mpi.settings import EnvConfig
 
 Policy = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (obs [n, od], g [n, gd]) -> actions
-
-
-@dataclass
-class Episodes:
-    obs: np.ndarray  # [n, T+1, obs_dim]
-    ag: np.ndarray  # [n, T+1, goal_dim] achieved goal
-    g: np.ndarray  # [n, T+1, goal_dim] desired goal (constant unless the env moves it)
-    actions: np.ndarray  # [n, T, action_dim] in [-1, 1] (continuous) or int64 indices (discrete)
-    rewards: np.ndarray  # [n, T] as the env returned them
-    lengths: np.ndarray  # [n] steps actually taken
-    success: np.ndarray  # [n] info["is_success"] at the last step taken
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    @property
-    def n_steps(self) -> int:
-        return int(self.lengths.sum())
-
-    @staticmethod
-    def concatenate(parts: list["Episodes"]) -> "Episodes":
-        return Episodes(*(np.concatenate([getattr(p, f) for p in parts])
-                          for f in Episodes.__dataclass_fields__))
 
 
 class RolloutWorker:
@@ -49,9 +19,7 @@ class RolloutWorker:
         seeds = [int(s.generate_state(1)[0]) for s in seed_sequence.spawn(n_envs)]
         self.envs = [make_env(env_cfg, seed) for seed in seeds]
         self.spec: EnvSpec = env_spec(self.envs[0], env_cfg.id)
-        spec = self.spec
-        self.action_center = (np.add(spec.action_low, spec.action_high) / 2).astype(np.float32)
-        self.action_half_range = (np.subtract(spec.action_high, spec.action_low) / 2).astype(np.float32)
+        self.action_center, self.action_half_range = action_scale(self.spec.action_low, self.spec.action_high)
 
     def generate(self, policy: Policy, n_episodes: int | None = None, env_units: bool = False) -> Episodes:
         """Run ``n_episodes`` (default: one per env) episodes in groups of len(envs).
@@ -108,7 +76,7 @@ class RolloutWorker:
         act = act.reshape(n, self.spec.action_dim).astype(np.float32)
         if env_units:
             return act, (act - self.action_center) / self.action_half_range
-        return self.action_center + self.action_half_range * np.clip(act, -1.0, 1.0), act
+        return to_env_units(act, self.action_center, self.action_half_range), act
 
     def close(self) -> None:
         for env in self.envs:

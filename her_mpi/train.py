@@ -166,42 +166,46 @@ def main(argv=None) -> int:
 
 def _main(args: argparse.Namespace) -> int:
     trainer, error, run_dir, config = None, None, None, None
-    try:
-        config, run_dir, resume = resolve(args)
-        if args.print_config:
-            if mpi.is_root():
-                print(config.to_yaml(), end="")
-            return 0
-        from her_mpi.trainer import Trainer  # heavy imports only once the input is known good
-
-        trainer = Trainer(config, run_dir, resume)
-    except ConfigError as exc:
-        error = str(exc)
-    # All ranks meet here, whatever happened, so no rank is left waiting in a later collective.
-    reports = mpi.allgather_object((error, str(run_dir) if run_dir else None))
-    failures = [(r, e) for r, (e, _) in enumerate(reports) if e]
-    if failures:
-        rank, message = failures[0]
-        if mpi.is_root():
-            where = f" (on rank {rank})" if mpi.size() > 1 and any(e != message for _, e in failures) else ""
-            print(f"her_mpi.train: error{where}: {message}", file=sys.stderr, flush=True)
-        return EXIT_BAD_INPUT
-    trainer.run_dir = Path(reports[0][1])  # rank 0's choice (the default name holds a timestamp)
-    error = None
-    if mpi.is_root():
+    try:  # the envs are closed however the run ends
         try:
-            record_run_start(args, config, trainer.run_dir, resume)
-        except (CheckpointWriteError, OSError) as exc:
+            config, run_dir, resume = resolve(args)
+            if args.print_config:
+                if mpi.is_root():
+                    print(config.to_yaml(), end="")
+                return 0
+            from her_mpi.trainer import Trainer  # heavy imports only once the input is known good
+
+            trainer = Trainer(config, run_dir, resume)
+        except ConfigError as exc:
             error = str(exc)
-    error = mpi.broadcast_object(error)
-    if error is not None:
+        # All ranks meet here, whatever happened, so no rank is left waiting in a later collective.
+        reports = mpi.allgather_object((error, str(run_dir) if run_dir else None))
+        failures = [(r, e) for r, (e, _) in enumerate(reports) if e]
+        if failures:
+            rank, message = failures[0]
+            if mpi.is_root():
+                where = f" (on rank {rank})" if mpi.size() > 1 and any(e != message for _, e in failures) else ""
+                print(f"her_mpi.train: error{where}: {message}", file=sys.stderr, flush=True)
+            return EXIT_BAD_INPUT
+        trainer.run_dir = Path(reports[0][1])  # rank 0's choice (the default name holds a timestamp)
+        error = None
         if mpi.is_root():
-            print(f"her_mpi.train: error: {error}", file=sys.stderr, flush=True)
-        return EXIT_WRITE_FAILED
-    if mpi.is_root():
-        print(f"her_mpi: {config.env.id} with {trainer.algo} on {mpi.size()} rank(s); "
-              f"writing to {trainer.run_dir}", flush=True)
-    return train_until_done(trainer)
+            try:
+                record_run_start(args, config, trainer.run_dir, resume)
+            except (CheckpointWriteError, OSError) as exc:
+                error = str(exc)
+        error = mpi.broadcast_object(error)
+        if error is not None:
+            if mpi.is_root():
+                print(f"her_mpi.train: error: {error}", file=sys.stderr, flush=True)
+            return EXIT_WRITE_FAILED
+        if mpi.is_root():
+            print(f"her_mpi: {config.env.id} with {trainer.algo} on {mpi.size()} rank(s); "
+                  f"writing to {trainer.run_dir}", flush=True)
+        return train_until_done(trainer)
+    finally:
+        if trainer is not None:
+            trainer.close()
 
 
 def train_until_done(trainer) -> int:

@@ -223,6 +223,11 @@ class Trainer:
                 self.video.close()
         return row
 
+    def close(self) -> None:
+        """Close the envs (their simulators and renderers); the trainer cannot collect afterwards."""
+        self.worker.close()
+        self.test_worker.close()
+
     def _run_epoch(self, epoch: int) -> dict:
         train = self.config.train
         progress = self.progress or EpochProgress(steps_before=self.env_steps_per_rank)

@@ -1,5 +1,8 @@
 """The standalone buffer API (cpprb's HindsightReplayBuffer, relabelled at sample time)."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -142,3 +145,11 @@ def test_seed_example_bit_flipping_with_double_dqn_buffer_loop():
     batch = buffer.sample(64, beta=0.4)
     assert batch["obs"].shape == (64, N_BITS) and batch["act"].shape == (64, 1)
     assert (batch["rew"] == 0).mean() > 0.1  # relabelled goals make successes
+
+
+def test_the_buffer_is_standalone():
+    """Importing the buffers pulls in neither gymnasium nor torch nor the training code."""
+    code = ("import sys, her_mpi.replay.buffer, her_mpi.replay.hindsight_buffer; "
+            "print(sorted(m for m in ('gymnasium', 'torch', 'her_mpi.rollout', 'her_mpi.config') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

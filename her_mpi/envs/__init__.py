@@ -69,11 +69,6 @@ class EnvSpec:
     obs_shape: tuple = ()
     obs_dtype: str = "float32"  # "uint8" for images: stored as bytes, scaled at the network
 
-    def scale_action(self, unit_action: np.ndarray) -> np.ndarray:
-        """Map actions in [-1, 1] (what continuous policies output) to the env's bounds."""
-        low, high = np.asarray(self.action_low), np.asarray(self.action_high)
-        return (low + high) / 2 + (high - low) / 2 * unit_action
-
 
 def make_env(cfg: EnvConfig, seed: int | None = None) -> gym.Env:
     register_envs()

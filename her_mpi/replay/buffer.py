@@ -25,8 +25,8 @@ from typing import Callable
 
 import numpy as np
 
+from her_mpi.episodes import Episodes
 from her_mpi.replay.sum_tree import SumTree
-from her_mpi.rollout import Episodes
 
 GoalFunction = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (achieved, desired) -> [batch]
 STRATEGIES = ("future", "final", "episode", "random", "none")
