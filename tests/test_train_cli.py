@@ -1,9 +1,15 @@
 """`python -m her_mpi.train` end to end under mpirun: run outputs, resume, and bad input."""
 
 import csv
+import math
 
 import pytest
 import torch
+
+from her_mpi.checkpoint import load_checkpoint
+from her_mpi.config import config_from_dict
+from her_mpi.envs import EnvSpec
+from her_mpi.trainer import agent_from_checkpoint, build_agent
 
 from conftest import TINY, describe, read_progress, run_mpi, run_python
 
@@ -205,9 +211,20 @@ def test_plot_writes_png(finished_run, tmp_path):
 @pytest.mark.parametrize("recipe", ["fetch_push_ddpg", "fetch_pick_and_place_td3", "fetch_slide_sac",
                                     "hand_reach_ddpg_kfac"])
 def test_every_robotics_env_trains(tmp_path, recipe):
-    """Each MuJoCo task runs end to end (a few updates) with one of its recipes."""
-    result = run_python(["-m", "her_mpi.train", "--config", f"configs/{recipe}.yaml", "--run-dir", tmp_path / "run",
+    """Each MuJoCo task runs end to end with one of its recipes: its few updates give finite
+    losses and move every trained network (and SAC's temperature) to finite new values."""
+    run_dir = tmp_path / "run"
+    result = run_python(["-m", "her_mpi.train", "--config", f"configs/{recipe}.yaml", "--run-dir", run_dir,
                          "--set", "train.n_epochs=1", *TINY])
     assert result.returncode == 0, describe(result)
-    row = read_progress(tmp_path / "run")[0]
-    assert int(row["env_steps"]) == 2 * 2 * 50 and float(row["critic_loss"]) >= 0
+    row = read_progress(run_dir)[0]
+    assert int(row["env_steps"]) == 2 * 2 * 50
+    assert float(row["critic_loss"]) > 0 and math.isfinite(float(row["critic_loss"]))
+    assert math.isfinite(float(row["actor_loss"]))
+    state = load_checkpoint(run_dir / "checkpoints" / "latest.pt")
+    trained = agent_from_checkpoint(state)
+    # the same seed builds the same initial weights the run started from
+    initial = build_agent(config_from_dict(state["config"]), EnvSpec(**state["spec"]))
+    for name, optimizer in trained.optimizers().items():
+        after, before = optimizer.flat.param, initial.optimizers()[name].flat.param
+        assert torch.isfinite(after).all() and not torch.equal(after, before), name
