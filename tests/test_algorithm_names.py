@@ -99,6 +99,16 @@ def test_the_registry_names_every_algorithm_by_its_own_name():
     assert registry.algorithm_names() == sorted(ALGORITHMS)
 
 
+def test_an_algorithm_registered_at_run_time_is_configurable(monkeypatch):
+    monkeypatch.setattr(registry, "_registered", {})
+    plugin = type("Plugin", (HPG,), {"name": "my_hpg"})
+    registry.register_algorithm(plugin)
+    assert "my_hpg" in registry.algorithm_names()
+    assert type(load_config(None, ["algo=my_hpg", "algo.lr_actor=0.01"]).algo) is HPGParams
+    with pytest.raises(ValueError, match="'td3' is already registered"):
+        registry.register_algorithm(type("Other", (HPG,), {"name": "td3"}))
+
+
 def test_hpg_learns_with_a_plain_gradient_step():
     from her_mpi.envs import goal_functions, make_env
     from her_mpi.config import EnvConfig

@@ -212,6 +212,24 @@ def test_a_checkpoint_config_with_the_old_names_loads(tmp_path):
     assert config.algo.lr_critic == 5e-4 and "critic_lr" not in config.to_dict()["algo"]
 
 
+def test_a_run_from_before_the_renaming_resumes_with_the_new_names(tmp_path):
+    from her_mpi import train
+    from her_mpi.checkpoint import load_checkpoint, save_checkpoint
+
+    run_dir, latest = tmp_path / "run", tmp_path / "run" / "checkpoints" / "latest.pt"
+    tiny = ["--set", "train.n_cycles=1", "--set", "train.rollouts_per_rank=4", "--set", "train.n_test_episodes=2",
+            "--set", "algo.n_goals=4", "--set", "log.tensorboard=false"]
+    assert train.main(["--config", "bitflip_8_htrpo", "--run-dir", str(run_dir), "--set", "train.n_epochs=1",
+                       *tiny]) == 0
+    state = load_checkpoint(latest)
+    state["config"]["algo"]["critic_lr"] = state["config"]["algo"].pop("lr_critic")  # as written before
+    save_checkpoint(latest, {k: v for k, v in state.items() if k != "path"})
+    with pytest.warns(FutureWarning, match="algo.critic_lr is deprecated; use algo.lr_critic"):
+        assert train.main(["--resume", str(run_dir), "--set", "train.n_epochs=2", "--set", "algo.lr_critic=1e-3"]) == 0
+    config = load_checkpoint(latest)["config"]["algo"]
+    assert config["lr_critic"] == 1e-3 and "critic_lr" not in config
+
+
 def test_learning_rates_share_one_name_scheme():
     for name in registry.algorithm_names():
         rates = [f.name for f in dataclasses.fields(registry.algorithm_class(name).Params) if "lr" in f.name]
