@@ -2,8 +2,8 @@
 
 A recipe is a YAML file of sections. Only values that differ from the defaults need to be
 written; a recipe may ``inherit:`` another recipe (path relative to itself). The numbers of the
-baselines HER recipe live once, as the dataclass defaults below, and the algorithm section is
-validated against the parameter class of the algorithm it names.
+baselines HER recipe live once, as the defaults of the section classes, and the algorithm section
+is validated against the parameter class of the algorithm it names.
 
 Every mistake raises :class:`ConfigError` with the dotted key, the bad value and what was
 expected, before anything else happens (in particular before any MPI collective).
@@ -14,7 +14,7 @@ type, its default and a one-line description side by side (the shared sections i
 her_mpi.train --list-keys`` prints them (:func:`list_keys`).
 
 Why no library for the parsing (pydantic 2.13 was tried on these dataclasses): its lax mode
-turns ``true`` into 1 and ``"yes"`` into True, its strict mode refuses the mapping a dataclass is
+turns ``true`` into 1 and ``"yes"`` into True and by default drops unknown keys, its strict mode refuses the mapping a dataclass is
 read from, and its messages ("Input should be a valid integer", "Unexpected keyword argument")
 name neither the nearest key nor the nearest choice, so we would keep the same suggestion code
 and add a translation layer and a dependency. tyro builds a CLI of its own (not recipes with
