@@ -19,7 +19,7 @@ read from, and its messages ("Input should be a valid integer", "Unexpected keyw
 name neither the nearest key nor the nearest choice, so we would keep the same suggestion code
 and add a translation layer and a dependency. tyro builds a CLI of its own (not recipes with
 ``inherit:`` and ``--set section.key=value``); omegaconf has no unions other than Optional
-(``split_preconditioning: bool | str``). The hand-written coercion below is about 60 lines.
+(``split_preconditioning: bool | Literal["auto"]``). The hand-written coercion below is about 60 lines.
 """
 
 from __future__ import annotations
@@ -257,14 +257,13 @@ def coerce(value: Any, hint: Any, path: str) -> Any:
                 return coerce(value, arg, path)
             except ConfigError as exc:
                 errors.append(str(exc))
-        raise ConfigError(errors[0] if len(errors) == 1 else
-                          f"{path}: {value!r} is not a valid {describe(hint)}")
+        if len(errors) == 1:
+            raise ConfigError(errors[0])
+        raise ConfigError(f"{path}: expected {describe(hint)}, got {value!r}{nearest_choice(value, hint)}")
     if origin is Literal:
         if value not in args:
-            close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
-            hint_text = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"{path}: {value!r} is not one of "
-                              f"{', '.join(repr(a) for a in args)}{hint_text}")
+                              f"{', '.join(repr(a) for a in args)}{nearest_choice(value, hint)}")
         return value
     if origin is list or hint is list:
         if not isinstance(value, (list, tuple)):
@@ -298,9 +297,30 @@ def coerce(value: Any, hint: Any, path: str) -> Any:
     raise TypeError(f"unsupported config type {hint!r} at {path}")  # a bug in a Params class
 
 
+EXPECTED = {bool: "true or false", int: "an integer", float: "a number", str: "a string", list: "a list",
+            dict: "a mapping", type(None): "null"}
+
+
 def describe(hint: Any) -> str:
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    return " or ".join(getattr(a, "__name__", str(a)) for a in args) or str(hint)
+    """What a value of a union type may be, in words: "true, false or 'auto'"."""
+    words = []
+    for arg in typing.get_args(hint):
+        if typing.get_origin(arg) is Literal:
+            words += [repr(choice) for choice in typing.get_args(arg)]
+        elif arg is bool:
+            words += ["true", "false"]
+        else:
+            words.append(EXPECTED.get(typing.get_origin(arg) or arg, type_name(arg)))
+    return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else "".join(words)
+
+
+def nearest_choice(value: Any, hint: Any) -> str:
+    """"; did you mean 'auto'?" for a string close to one of the choices of the ``Literal`` types
+    in ``hint`` (itself or a member of a union), else ""."""
+    literals = [hint] if typing.get_origin(hint) is Literal else typing.get_args(hint)
+    choices = {str(c).lower(): c for arg in literals if typing.get_origin(arg) is Literal for c in typing.get_args(arg)}
+    close = difflib.get_close_matches(value.lower(), list(choices), n=1) if isinstance(value, str) else []
+    return f"; did you mean {choices[close[0]]!r}?" if close else ""
 
 
 def validate_tree(node: Any, path: str) -> None:
@@ -371,8 +391,8 @@ def type_name(hint: Any) -> str:
     args = typing.get_args(hint)
     if typing.get_origin(hint) is Literal:
         return " | ".join(yaml_text(a) for a in args)
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return " | ".join(type_name(a) for a in args)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):  # bool | Literal["auto"]: true | false | auto
+        return " | ".join("true | false" if a is bool else type_name(a) for a in args)
     if hint is type(None):
         return "null"
     if typing.get_origin(hint) is list:

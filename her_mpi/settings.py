@@ -196,6 +196,10 @@ class LogConfig:
                   "an even number of pixels for video_format mp4 (H.264)")
 
 
+# Hidden-layer activations every network builder knows (her_mpi.mlp.ACTIVATIONS).
+Activation = Literal["relu", "tanh", "elu"]
+
+
 def check(ok: bool, path: str, value: Any, expected: str) -> None:
     if not ok:
         raise ConfigError(f"{path}: got {value!r}, expected {expected}")

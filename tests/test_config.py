@@ -12,6 +12,7 @@ import torch
 from her_mpi import registry
 from her_mpi.config import SECTIONS, Config, ConfigError, config_from_dict, load_config, section_keys
 from her_mpi.envs import env_spec, make_env
+from her_mpi.optim.kfac import KFACParams
 from her_mpi.trainer import build_agent
 from conftest import ROOT, describe, run_python
 
@@ -95,6 +96,35 @@ def test_out_of_range_is_named():
 def test_choice_suggests_the_nearest():
     message = error_of("replay.strategy=futur")
     assert "'futur'" in message and "did you mean 'future'" in message
+
+
+@pytest.mark.parametrize("overrides, nearest", [
+    (["algo=td3", "algo.optimizer=kfca"], "kfac"), (["algo=dqn", "algo.loss=mes"], "mse"),
+    (["algo=htrpo", "algo.kl=qlk"], "qkl"), (["algo=htrpo", "algo.reward=spares"], "sparse"),
+    (["algo=ppo", "algo.strategy=futur"], "future"), (["algo=ppo", "algo.activation=tahn"], "tanh"),
+    (["algo=sac", "algo.activation=Relu"], "relu"), (["algo=td3", "algo.n_step_correction=lowerbound"], "lower_bound"),
+    (["algo=ddpg", "algo.kfac.damping_mode=plian"], "plain"),
+    (["algo=td3", "algo.kfac.split_preconditioning=atuo"], "auto")])
+def test_every_choice_key_is_checked_by_the_shared_code_and_suggests_the_nearest(overrides, nearest):
+    key, value = overrides[-1].split("=")
+    message = error_of(*overrides)
+    assert message.startswith(f"{key}: ") and repr(value) in message and f"did you mean {nearest!r}?" in message
+
+
+def test_choice_keys_are_typed_by_their_choices():
+    """Algorithm parameters are never a plain str (a choice is a Literal: validated, listed by
+    --list-keys); a union with a choice still takes its other members."""
+    classes = [registry.algorithm_class(name).Params for name in registry.algorithm_names()]
+    for cls in classes + [KFACParams]:
+        for name, hint in typing.get_type_hints(cls).items():
+            assert hint is not str, f"{cls.__name__}.{name} is a plain str: declare its choices as Literal[...]"
+    rows = {key: kind for key, kind, _, _ in section_keys(registry.algorithm_class("td3").Params, "algo")}
+    assert rows["algo.optimizer"] == "adam | kfac" and rows["algo.activation"] == "relu | tanh | elu"
+    assert rows["algo.kfac.split_preconditioning"] == "true | false | auto"
+    for value, expected in (("false", False), ("true", True), ("auto", "auto")):
+        assert load_config(None, [f"algo.kfac.split_preconditioning={value}"]).algo.kfac.split_preconditioning \
+            is expected or expected == "auto"
+    assert "expected true, false or 'auto', got 3" in error_of("algo.kfac.split_preconditioning=3")
 
 
 def test_unknown_algorithm_lists_known_ones():

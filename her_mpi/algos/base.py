@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -20,7 +20,7 @@ from torch import nn
 
 from her_mpi import mpi
 from her_mpi.cnn import goal_conditioned_input
-from her_mpi.settings import ConfigError, check, setting
+from her_mpi.settings import Activation, ConfigError, check, setting
 from her_mpi.envs import EnvSpec, GoalFunctions
 from her_mpi.nets import DeployablePolicy
 from her_mpi.replay.buffer import EpisodeStore, ReplayBuffer
@@ -109,7 +109,7 @@ class Agent(ABC):
 class OffPolicyParams:
     hidden: list[int] = setting([256, 256, 256], "hidden layer widths of every network (image observations: "
                                                  "the fully connected layers after the convolutions)")
-    activation: str = setting("relu", "hidden-layer activation of every network: relu, tanh or elu")
+    activation: Activation = setting("relu", "hidden-layer activation of every network")
     gamma: float | None = setting(None, "discount factor; null: 1 - 1/T (0.98 for the 50-step Fetch tasks)")
     polyak: float = setting(0.95, "target networks move as target <- polyak * target + (1 - polyak) * online")
     target_update_every: int = setting(0, "updates between target-network moves (0: once per cycle after its "
@@ -120,22 +120,19 @@ class OffPolicyParams:
                              "target value")
     # With sparse rewards the n-step return of any behaviour plus the value after it is a lower
     # bound of Q*, so it can only raise an underestimate (He et al. 2017, "optimality tightening").
-    n_step_correction: str = setting("lower_bound", "n_step > 1: lower_bound (the larger of the one-step and "
-                                                    "n-step targets) or none (the n-step target)")
+    n_step_correction: Literal["lower_bound", "none"] = setting(
+        "lower_bound", "n_step > 1: lower_bound (the larger of the one-step and n-step targets) or none (the n-step "
+                       "target)")
 
     def validate(self, path: str) -> None:
         check(self.gamma is None or 0.0 <= self.gamma < 1.0, f"{path}.gamma", self.gamma,
               "a number in [0, 1) or null")
         check(self.n_step >= 1, f"{path}.n_step", self.n_step, "an integer >= 1")
-        check(self.n_step_correction in ("lower_bound", "none"), f"{path}.n_step_correction",
-              self.n_step_correction, "'lower_bound' or 'none'")
         check(0.0 <= self.polyak <= 1.0, f"{path}.polyak", self.polyak, "a number in [0, 1]")
         check(self.target_update_every >= 0, f"{path}.target_update_every",
               self.target_update_every, "an integer >= 0")
         check(len(self.hidden) >= 1 and all(h >= 1 for h in self.hidden), f"{path}.hidden",
               self.hidden, "a non-empty list of positive layer widths")
-        check(self.activation in ("relu", "tanh", "elu"), f"{path}.activation", self.activation,
-              "one of 'relu', 'tanh', 'elu'")
 
 
 class OffPolicyAgent(Agent):

@@ -9,6 +9,7 @@ evaluates it with the target network. The exported policy outputs the greedy act
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import torch
@@ -30,13 +31,12 @@ class DQNParams(OffPolicyParams):
     lr_q: float = setting(1e-3, "Adam learning rate of the Q-network")
     double: bool = setting(True, "Double DQN: the online network picks the next action, the target network "
                                  "values it")
-    loss: str = setting("huber", "TD loss: huber (delta 1) or mse")
+    loss: Literal["huber", "mse"] = setting("huber", "TD loss: huber (delta 1) or mse")
     epsilon: float = setting(0.1, "exploration: probability of a uniformly random action while collecting")
 
     def validate(self, path: str) -> None:
         super().validate(path)
         check(self.lr_q > 0, f"{path}.lr_q", self.lr_q, "a number > 0")
-        check(self.loss in ("huber", "mse"), f"{path}.loss", self.loss, "'huber' or 'mse'")
         check(0.0 <= self.epsilon <= 1.0, f"{path}.epsilon", self.epsilon, "a number in [0, 1]")
 
 

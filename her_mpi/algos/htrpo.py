@@ -37,6 +37,7 @@ Ablations: ``kl: qkl | analytic | logratio``, ``goal_filtering``, ``weighted_is`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -61,8 +62,8 @@ class HindsightParams(OnPolicyParams):
                                       "ratios over episodes")
     original_goals: bool = setting(True, "also learn from the episodes under their own goals (the authors' "
                                          "configs: false)")
-    reward: str = setting("sparse", "reward of the rewritten episodes: sparse (T - t at the first success) or "
-                                    "dense (-|achieved - goal|)")
+    reward: Literal["sparse", "dense"] = setting(
+        "sparse", "reward of the rewritten episodes: sparse (T - t at the first success) or dense (-|achieved - goal|)")
     n_goals: int = setting(100, "hindsight goals per iteration (0: every distinct achieved goal)")
     goal_decimals: int = setting(3, "achieved goals are rounded to this many decimals to find distinct ones")
     gae_lambda: float = setting(0.0, "GAE lambda (0: TD(0) advantages and targets, as in the authors' code)")
@@ -71,7 +72,6 @@ class HindsightParams(OnPolicyParams):
 
     def validate(self, path: str) -> None:
         super().validate(path)
-        check(self.reward in ("sparse", "dense"), f"{path}.reward", self.reward, "'sparse' or 'dense'")
         check(self.critic_iters >= 1, f"{path}.critic_iters", self.critic_iters, "an integer >= 1")
         for name in ("n_goals", "critic_batch_size"):
             check(getattr(self, name) >= 0, f"{path}.{name}", getattr(self, name), "an integer >= 0")
@@ -90,12 +90,12 @@ class HTRPOParams(HindsightParams):
     cg_damping: float = setting(1e-3, "damping added to the Hessian-vector products")
     hvp_subsample: float = setting(1.0, "fraction of rows used for Hessian-vector products (speed)")
     line_search_steps: int = setting(10, "backtracking line-search halvings before the step is rejected")
-    kl: str = setting("qkl", "divergence of the trust region: qkl (the paper's), analytic or logratio")
+    kl: Literal["qkl", "analytic", "logratio"] = setting(
+        "qkl", "divergence of the trust region: qkl (the paper's), analytic or logratio")
 
     def validate(self, path: str) -> None:
         super().validate(path)
         check(self.max_kl > 0, f"{path}.max_kl", self.max_kl, "a number > 0")
-        check(self.kl in ("qkl", "analytic", "logratio"), f"{path}.kl", self.kl, "'qkl', 'analytic' or 'logratio'")
         for name in ("cg_iters", "line_search_steps"):
             check(getattr(self, name) >= 1, f"{path}.{name}", getattr(self, name), "an integer >= 1")
         check(self.cg_damping >= 0, f"{path}.cg_damping", self.cg_damping, "a number >= 0")

@@ -30,7 +30,7 @@ from her_mpi import mpi
 from her_mpi.algos.base import Agent
 from her_mpi.algos.policies import CategoricalPolicy, GaussianPolicy
 from her_mpi.cnn import input_statistics, network_body, preserve_function
-from her_mpi.settings import check, setting
+from her_mpi.settings import Activation, check, setting
 from her_mpi.envs import EnvSpec
 from her_mpi.nets import ActionScaler, DeployablePolicy, GreedyAction
 from her_mpi.optim import SyncedAdam
@@ -43,7 +43,7 @@ class OnPolicyParams:
 
     hidden: list[int] = setting([64, 64], "hidden layer widths of the policy and value networks (image "
                                           "observations: the fully connected layers after the convolutions)")
-    activation: str = setting("tanh", "hidden-layer activation of the policy and value networks: relu, tanh or elu")
+    activation: Activation = setting("tanh", "hidden-layer activation of the policy and value networks")
     gamma: float = setting(0.98, "discount factor")
     hindsight: bool = setting(True, "learn from hindsight goals too (false: the plain algorithm, TRPO or PPO)")
     lr_critic: float = setting(5e-4, "Adam learning rate of the value network")
@@ -52,8 +52,6 @@ class OnPolicyParams:
     def validate(self, path: str) -> None:
         check(len(self.hidden) >= 1 and all(h >= 1 for h in self.hidden), f"{path}.hidden", self.hidden,
               "a non-empty list of positive layer widths")
-        check(self.activation in ("relu", "tanh", "elu"), f"{path}.activation", self.activation,
-              "one of 'relu', 'tanh', 'elu'")
         check(0.0 <= self.gamma < 1.0, f"{path}.gamma", self.gamma, "a number in [0, 1)")
         check(self.lr_critic > 0, f"{path}.lr_critic", self.lr_critic, "a number > 0")
 

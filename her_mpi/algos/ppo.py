@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -47,8 +48,9 @@ class PPOParams(OnPolicyParams):
     target_kl: float = setting(0.05, "stop before a minibatch step once its mean KL exceeds 1.5x this (0: never)")
     entropy_coef: float = setting(0.0, "weight of the entropy bonus in the policy loss")
     max_grad_norm: float = setting(0.5, "gradients of policy and value network are clipped to this global norm")
-    strategy: str = setting("final", "hindsight goal of each copy: final (the episode's last achieved goal), "
-                                     "future (after a random step) or episode (at a random step)")
+    strategy: Literal["final", "future", "episode"] = setting(
+        "final", "hindsight goal of each copy: final (the episode's last achieved goal), future (after a random step) "
+                 "or episode (at a random step)")
     replay_k: int = setting(1, "hindsight copies per episode (future, episode; final makes exactly one)")
 
     def validate(self, path: str) -> None:
@@ -59,8 +61,6 @@ class PPOParams(OnPolicyParams):
             check(getattr(self, name) >= 1, f"{path}.{name}", getattr(self, name), "an integer >= 1")
         for name in ("clip_range", "target_kl", "entropy_coef", "max_grad_norm"):
             check(getattr(self, name) >= 0, f"{path}.{name}", getattr(self, name), "a number >= 0")
-        check(self.strategy in ("final", "future", "episode"), f"{path}.strategy", self.strategy,
-              "'final', 'future' or 'episode'")
         # final has one goal per episode: more copies would be identical
         check(self.strategy != "final" or self.replay_k == 1, f"{path}.replay_k", self.replay_k,
               f"1 with {path}.strategy final (one final goal per episode; future or episode draw replay_k goals)")

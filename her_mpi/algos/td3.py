@@ -9,6 +9,7 @@ boundary and in the exported policy.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -22,8 +23,9 @@ from her_mpi.optim.kfac import KFACParams
 
 @dataclass
 class TD3Params(ActorCriticParams):
-    optimizer: str = setting("adam", "optimizer of actor and critics: adam, or kfac (natural gradient: HER+KFAC, "
-                                     "TDHER+KFAC; its settings are algo.kfac.*)")
+    optimizer: Literal["adam", "kfac"] = setting(
+        "adam", "optimizer of actor and critics: adam, or kfac (natural gradient: HER+KFAC, TDHER+KFAC; its settings "
+                "are algo.kfac.*)")
     kfac: KFACParams = setting(help="K-FAC settings (optimizer: kfac)", factory=KFACParams)
     action_l2: float = setting(1.0, "penalty on the squared [-1, 1] action in the actor loss")
     noise_eps: float = setting(0.2, "exploration: Gaussian noise std, as a fraction of the action range")
@@ -46,7 +48,6 @@ class TD3Params(ActorCriticParams):
         for name in ("action_l2", "noise_eps", "target_noise", "target_noise_clip"):
             check(getattr(self, name) >= 0, f"{path}.{name}", getattr(self, name), "a number >= 0")
         check(self.policy_delay >= 1, f"{path}.policy_delay", self.policy_delay, "an integer >= 1")
-        check(self.optimizer in ("adam", "kfac"), f"{path}.optimizer", self.optimizer, "'adam' or 'kfac'")
 
 
 class TD3(ActorCriticAgent):

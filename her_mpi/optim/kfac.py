@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -50,7 +51,8 @@ class KFACParams:
     lr: float = setting(0.05, "natural-gradient step size of actor and critics (replaces Adam's lr_actor and "
                               "lr_critic)")
     damping: float = setting(0.8, "Tikhonov damping lambda (the seed's best runs: 0.8; 0.01 did not learn FetchPush)")
-    damping_mode: str = setting("factored", "damping: factored (split between the two Kronecker factors) or plain")
+    damping_mode: Literal["factored", "plain"] = setting(
+        "factored", "damping: factored (split between the two Kronecker factors) or plain")
     momentum: float = setting(0.8, "SGD momentum of the preconditioned step (the seed's best runs: 0.8)")
     kl_clip: float = setting(1e-3, "steps are scaled by min(1, sqrt(kl_clip / |lr^2 <natural gradient, gradient>|))")
     stat_decay: float = setting(0.95, "running-average decay of the Kronecker factors")
@@ -59,20 +61,17 @@ class KFACParams:
     # Split: each layer's natural gradient computed by one rank and shared (one more collective
     # per update). auto: true unless a node runs more ranks than it has cores, where the extra
     # wait for a descheduled rank costs more than the halved multiplies save.
-    split_preconditioning: bool | str = setting("auto", "each layer preconditioned on one rank and shared: true, "
-                                                        "false or auto (unless a node has more ranks than cores)")
+    split_preconditioning: bool | Literal["auto"] = setting(
+        "auto", "each layer preconditioned on one rank and shared: true, false or auto (unless a node has more ranks "
+                "than cores)")
 
     def validate(self, path: str) -> None:
         for name in ("lr", "damping", "kl_clip"):
             check(getattr(self, name) > 0, f"{path}.{name}", getattr(self, name), "a number > 0")
-        check(self.damping_mode in ("factored", "plain"), f"{path}.damping_mode", self.damping_mode,
-              "'factored' or 'plain'")
         check(0 <= self.momentum < 1, f"{path}.momentum", self.momentum, "a number in [0, 1)")
         check(0 <= self.stat_decay < 1, f"{path}.stat_decay", self.stat_decay, "a number in [0, 1)")
         for name in ("factor_every", "inverse_every"):
             check(getattr(self, name) >= 1, f"{path}.{name}", getattr(self, name), "an integer >= 1")
-        check(self.split_preconditioning in (True, False, "auto"), f"{path}.split_preconditioning",
-              self.split_preconditioning, "true, false or 'auto'")
 
 
 class KFACLayer:
