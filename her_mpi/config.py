@@ -6,7 +6,8 @@ baselines HER recipe live once, as the defaults of the section classes, and the 
 is validated against the parameter class of the algorithm it names.
 
 Every mistake raises :class:`ConfigError` with the dotted key, the bad value and what was
-expected, before anything else happens (in particular before any MPI collective).
+expected, before anything else happens (in particular before any MPI collective). That includes
+a value given to a key the chosen algorithm would not read (:func:`check_unused`).
 
 Every key is declared once, as a dataclass field made by :func:`~her_mpi.settings.setting`: its
 type, its default and a one-line description side by side (the shared sections in
@@ -24,6 +25,7 @@ and add a translation layer and a dependency. tyro builds a CLI of its own (not 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import re
@@ -40,8 +42,8 @@ from her_mpi import registry
 # The sections and the vocabulary live in her_mpi.settings (algorithms import them from there);
 # they are re-exported here, where users of the package look for them.
 from her_mpi.settings import (CheckpointConfig, ConfigError, EnvConfig, LogConfig,  # noqa: F401
-                              NormalizerConfig, ReplayConfig, TrainConfig, check, key_help,
-                              renamed_keys, setting)
+                              NormalizerConfig, ReplayConfig, TrainConfig, Unused, UnusedSettingWarning,
+                              check, key_help, renamed_keys, setting)
 
 
 @dataclass
@@ -102,11 +104,33 @@ def resolve_recipe(name_or_path: str | Path | None) -> Path:
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
     """Read a recipe (a path or a packaged recipe's name; the default recipe when None), apply
-    overrides, validate."""
-    raw = read_recipe(resolve_recipe(path))
+    overrides, validate, and refuse settings the algorithm would ignore (:func:`check_unused`)."""
+    recipe = read_recipe(resolve_recipe(path))
+    raw = copy.deepcopy(recipe)
     for item in overrides:
         apply_override(raw, item)
-    return config_from_dict(raw)
+    config = config_from_dict(raw)
+    if is_resolved_config(recipe):
+        # A run's config.yaml: every key written out, with the defaults of the version that wrote
+        # it. What it sets is a record of that run, not a choice: warned about, not refused.
+        check_unused(config, overrides_tree(overrides))
+        check_unused(config, recipe, refuse=False)
+    else:
+        check_unused(config, raw)
+    return config
+
+
+def is_resolved_config(raw: dict) -> bool:
+    """Whether a recipe is a resolved config (Config.to_dict: config.yaml, a checkpoint's config)."""
+    return set(SECTIONS) <= set(raw) and isinstance(raw["algo"], dict) and "name" in raw["algo"]
+
+
+def overrides_tree(overrides: list[str]) -> dict:
+    """The keys ``--set`` overrides give, as a nested mapping."""
+    tree: dict = {}
+    for item in overrides:
+        apply_override(tree, item)
+    return tree
 
 
 def read_recipe(path: Path, _seen: tuple = ()) -> dict:
@@ -321,6 +345,50 @@ def nearest_choice(value: Any, hint: Any) -> str:
     choices = {str(c).lower(): c for arg in literals if typing.get_origin(arg) is Literal for c in typing.get_args(arg)}
     close = difflib.get_close_matches(value.lower(), list(choices), n=1) if isinstance(value, str) else []
     return f"; did you mean {choices[close[0]]!r}?" if close else ""
+
+
+def check_unused(config: Config, given: dict, refuse: bool = True) -> None:
+    """Refuse a key that ``given`` (what a recipe and its parents or ``--set`` wrote) sets to a
+    value other than its default when the algorithm, with these settings, never reads it (the
+    ``unused_keys`` of its ``algo`` section). A key whose :class:`Unused` says ``refuse=False``,
+    and every key when ``refuse`` is false, is loaded with an :class:`UnusedSettingWarning`.
+
+    Only what was given is checked, never the rest of a resolved config: a checkpoint's config
+    lists every key with the defaults of its time, and loads for resume, export and evaluation."""
+    unused_keys = getattr(config.algo, "unused_keys", None)
+    unused = unused_keys(config) if unused_keys else {}
+    if not unused:
+        return
+    defaults = Config()
+    defaults.algo = type(config.algo)()
+    for dotted, value, default in given_values(config, defaults, given, ""):
+        why = next((why for key, why in unused.items() if dotted == key or dotted.startswith(key + ".")), None)
+        if why is None or value == default:
+            continue
+        message = (f"{dotted}: {yaml_text(value)} has no effect with algo.name {config.algo_name}: {why.reason}; "
+                   f"remove it (default {yaml_text(default)})")
+        if refuse and why.refuse:
+            raise ConfigError(message)
+        warnings.warn(message, UnusedSettingWarning, stacklevel=3)
+
+
+def given_values(node: Any, default: Any, given: Any, path: str):
+    """(dotted key, value in effect, default) of every key ``given`` sets under dataclass ``node``
+    (deprecated names counted as their current ones; ``algo.name`` is not a setting)."""
+    if not isinstance(given, dict):
+        return
+    renamed = renamed_keys(type(node))
+    for key, raw in given.items():
+        key = renamed.get(key, key)
+        if key == "algo" and not path and isinstance(raw, str):
+            continue  # `algo: td3` names the algorithm
+        if not hasattr(node, key) or (path == "algo" and key == "name"):
+            continue
+        value, default_value, dotted = getattr(node, key), getattr(default, key), f"{path}.{key}" if path else key
+        if dataclasses.is_dataclass(value):
+            yield from given_values(value, default_value, raw, dotted)
+        else:
+            yield dotted, value, default_value
 
 
 def validate_tree(node: Any, path: str) -> None:

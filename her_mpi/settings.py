@@ -17,11 +17,28 @@ import copy
 import dataclasses
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, NamedTuple
 
 
 class ConfigError(ValueError):
     """A user-fixable mistake in a config file, an override or a command-line argument."""
+
+
+class UnusedSettingWarning(UserWarning):
+    """A setting given a value that has no effect (see :class:`Unused`)."""
+
+
+class Unused(NamedTuple):
+    """Why a key has no effect with the chosen algorithm and settings.
+
+    An algorithm section's ``unused_keys(config)`` maps dotted keys (a section's name covers all
+    of its keys) to these. A recipe or ``--set`` that gives such a key a value other than its
+    default is refused; with ``refuse=False`` (the keys of a feature an ablation switches off, as
+    ``algo.hindsight: false`` on a recipe tuned with hindsight) it is loaded with an
+    :class:`UnusedSettingWarning`."""
+
+    reason: str
+    refuse: bool = True
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,8 +28,8 @@ import yaml
 
 from her_mpi import mpi
 from her_mpi.checkpoint import CheckpointWriteError, atomic_write, load_checkpoint
-from her_mpi.config import (RECIPES_DIR, SECTIONS, Config, ConfigError, apply_override, config_from_dict,
-                            list_keys, load_config, recipe_names)
+from her_mpi.config import (RECIPES_DIR, SECTIONS, Config, ConfigError, apply_override, check_unused,
+                            config_from_dict, list_keys, load_config, overrides_tree, recipe_names)
 
 EXIT_OK, EXIT_CRASHED, EXIT_BAD_INPUT, EXIT_NON_FINITE, EXIT_WRITE_FAILED, EXIT_PREEMPTED = 0, 1, 2, 3, 4, 75
 
@@ -90,6 +90,8 @@ def resolve(args: argparse.Namespace) -> tuple[Config, Path, dict | None]:
             for item in args.overrides:
                 apply_override(raw, item)
             config = config_from_dict(raw)
+            # only what this command sets: the saved config has every key, with its time's defaults
+            check_unused(config, overrides_tree(args.overrides))
         return config, run_dir_of(Path(args.resume), resume), resume
     config = load_config(args.config, args.overrides)
     if args.run_dir:

@@ -10,6 +10,7 @@ import yaml
 
 from her_mpi import registry
 from her_mpi.algos import ALGORITHMS
+from her_mpi.algos.base import OffPolicyAgent
 from her_mpi.checkpoint import check_compatible, load_checkpoint, save_checkpoint
 from her_mpi.algos.htrpo import HPG, HTRPO, HPGParams, HTRPOParams
 from her_mpi.config import ConfigError, config_from_dict, load_config
@@ -26,7 +27,8 @@ def spec_for(name: str) -> EnvSpec:
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_every_registered_name_builds_that_algorithm_and_round_trips(name, tmp_path):
-    config = load_config(None, [f"algo={name}", f"env.id={spec_for(name).env_id}", "replay.size=1000"])
+    small_replay = ["replay.size=1000"] if issubclass(ALGORITHMS[name], OffPolicyAgent) else []  # on-policy: no replay
+    config = load_config(None, [f"algo={name}", f"env.id={spec_for(name).env_id}", *small_replay])
     assert config.algo_name == name and type(config.algo) is ALGORITHMS[name].Params
     agent = build_agent(config, spec_for(name))
     assert type(agent) is ALGORITHMS[name]

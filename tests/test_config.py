@@ -8,9 +8,11 @@ import warnings
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from her_mpi import registry
-from her_mpi.config import SECTIONS, Config, ConfigError, config_from_dict, load_config, section_keys
+from her_mpi.config import (SECTIONS, Config, ConfigError, UnusedSettingWarning, config_from_dict, load_config,
+                            section_keys)
 from her_mpi.envs import env_spec, make_env
 from her_mpi.optim.kfac import KFACParams
 from her_mpi.trainer import build_agent
@@ -38,6 +40,7 @@ def test_every_recipe_loads(recipe):
     algorithm on that env and acts within the action space."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)  # a recipe still using a deprecated name
+        warnings.simplefilter("error", UnusedSettingWarning)  # or setting what its algorithm ignores
         config = load_config(recipe)
     env = make_env(config.env, seed=0)
     try:
@@ -122,8 +125,8 @@ def test_choice_keys_are_typed_by_their_choices():
     assert rows["algo.optimizer"] == "adam | kfac" and rows["algo.activation"] == "relu | tanh | elu"
     assert rows["algo.kfac.split_preconditioning"] == "true | false | auto"
     for value, expected in (("false", False), ("true", True), ("auto", "auto")):
-        assert load_config(None, [f"algo.kfac.split_preconditioning={value}"]).algo.kfac.split_preconditioning \
-            is expected or expected == "auto"
+        kfac = load_config(None, ["algo.optimizer=kfac", f"algo.kfac.split_preconditioning={value}"]).algo.kfac
+        assert kfac.split_preconditioning == expected and type(kfac.split_preconditioning) is type(expected)
     assert "expected true, false or 'auto', got 3" in error_of("algo.kfac.split_preconditioning=3")
 
 
@@ -292,3 +295,89 @@ def test_sac_actor_uses_the_configured_activation():
     activations = [type(m) for m in agent.actor.modules() if not isinstance(m, (torch.nn.Linear,))
                    and not list(m.children())]
     assert activations and set(activations) == {torch.nn.Tanh}
+
+
+# -- settings the chosen algorithm would ignore are refused -------------------------------------
+
+OFF_POLICY_SCHEDULE = ["replay.size=1000", "replay.replay_k=2", "replay.strategy=final", "replay.prioritized=true",
+                       "train.n_batches=3", "train.batch_size=32", "train.sync_check_every=1",
+                       "checkpoint.save_buffer=false"]
+
+
+@pytest.mark.parametrize("algo", ["htrpo", "hpg", "ppo"])
+@pytest.mark.parametrize("override", OFF_POLICY_SCHEDULE)
+def test_on_policy_algorithms_refuse_the_off_policy_schedule(algo, override):
+    key = override.split("=")[0]
+    message = error_of(f"algo={algo}", override)
+    assert message.startswith(f"{key}: ") and f"algo.name {algo}" in message, message
+    reason = {"replay": "no replay buffer", "checkpoint": "no replay buffer",
+              "train.sync_check_every": "after each epoch", "train.n_batches": "once per cycle",
+              "train.batch_size": "minibatch" if algo == "ppo" else "every row"}
+    assert next(why for prefix, why in reason.items() if key.startswith(prefix)) in message, message
+    for default in ("train.n_batches=40", "train.batch_size=256", "checkpoint.save_buffer=true", "replay.replay_k=4"):
+        load_config(None, [f"algo={algo}", default])  # a default written out (the sweep runner passes save_buffer)
+    load_config(None, ["algo=td3", *OFF_POLICY_SCHEDULE])  # all read by off-policy algorithms
+
+
+def test_ppo_says_where_its_batch_size_is():
+    assert "algo.minibatch_size" in error_of("algo=ppo", "train.batch_size=64")
+    assert "algo.critic_batch_size" in error_of("algo=htrpo", "train.batch_size=64")
+
+
+@pytest.mark.parametrize("overrides, used", [
+    (["algo=td3", "algo.kfac.damping=0.1"], ["algo.optimizer=kfac"]),
+    (["algo=ddpg", "algo.n_step_correction=none"], ["algo.n_step=3"]),
+    (["algo=sac", "replay.alpha=0.7"], ["replay.prioritized=true"]),
+    (["algo=dqn", "replay.beta_anneal_updates=100"], ["replay.prioritized=true"]),
+    (["algo=ddpg", "algo.target_noise_clip=0.3"], ["algo.target_noise=0.1"]),
+    (["algo=td3", "algo.optimizer=kfac", "algo.lr_critic=3e-4"], ["algo.optimizer=adam"])])
+def test_settings_of_a_feature_that_is_off_are_refused(overrides, used):
+    key = overrides[-1].split("=")[0]
+    message = error_of(*overrides)
+    assert message.startswith(f"{key}: ") and "has no effect" in message
+    assert used[0].split("=")[0] in message or "algo.kfac.lr" in message, message  # says which setting is off
+    load_config(None, [*overrides, *used])
+
+
+def test_switching_hindsight_off_in_a_tuned_recipe_warns_about_its_goal_settings():
+    """An ablation (TRPO, plain PPO, DQN without HER) of a recipe tuned with hindsight loads; the
+    hindsight settings it no longer reads are named in a warning."""
+    for recipe, overrides, key in [("bitflip_8_htrpo", ["algo.hindsight=false"], "algo.n_goals"),  # n_goals: 32
+                                   ("predator_prey_ppo_her", ["algo.hindsight=false", "algo.strategy=future"],
+                                    "algo.strategy"),
+                                   ("fetch_push_td3_fast", ["replay.strategy=none"], "replay.replay_k")]:
+        with pytest.warns(UnusedSettingWarning, match=f"{key}: .* has no effect .*(hindsight is false|strategy none)"):
+            load_config(recipe, overrides)
+
+
+def test_a_saved_config_with_the_defaults_of_its_time_still_loads(tmp_path):
+    """A checkpoint's config (and config.yaml) lists every key with the defaults of the version
+    that wrote it: it loads for resume, export and evaluation, and as a recipe with a warning;
+    only what the user sets now is refused."""
+    saved = load_config("fetch_push_htrpo").to_dict()
+    saved["replay"]["size"], saved["train"]["n_batches"], saved["train"]["batch_size"] = 123, 7, 64  # another era
+    assert config_from_dict(saved).train.n_batches == 7  # resume, export, evaluate
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(saved))
+    with pytest.warns(UnusedSettingWarning, match="train.n_batches: 7 has no effect with algo.name htrpo"):
+        assert load_config(path, ["train.n_epochs=3"]).train.n_epochs == 3
+    assert "train.batch_size" in error_of("train.batch_size=32", path=path)  # set now: refused
+
+
+def test_a_resume_refuses_only_what_its_command_sets(tmp_path, capsys):
+    from her_mpi import train
+    from her_mpi.checkpoint import load_checkpoint, save_checkpoint
+
+    run_dir, latest = tmp_path / "run", tmp_path / "run" / "checkpoints" / "latest.pt"
+    assert train.main(["--config", "bitflip_8_htrpo", "--run-dir", str(run_dir), "--set", "train.n_epochs=1",
+                       "--set", "train.n_cycles=1", "--set", "train.rollouts_per_rank=4",
+                       "--set", "train.n_test_episodes=2", "--set", "log.tensorboard=false"]) == 0
+    state = load_checkpoint(latest)
+    state["config"]["train"]["n_batches"] = 50  # a default of another time, written out by that run
+    state["config"]["replay"]["replay_k"] = 8
+    save_checkpoint(latest, {k: v for k, v in state.items() if k != "path"})
+    capsys.readouterr()
+    assert train.main(["--resume", str(run_dir), "--set", "train.n_epochs=2", "--set", "train.batch_size=64"]) == 2
+    assert "train.batch_size: 64 has no effect with algo.name htrpo" in capsys.readouterr().err
+    assert train.main(["--resume", str(run_dir), "--set", "train.n_epochs=2"]) == 0
+    assert load_checkpoint(latest)["epoch"] == 1

@@ -20,7 +20,7 @@ from torch import nn
 
 from her_mpi import mpi
 from her_mpi.cnn import goal_conditioned_input
-from her_mpi.settings import Activation, ConfigError, check, setting
+from her_mpi.settings import Activation, ConfigError, Unused, check, setting
 from her_mpi.envs import EnvSpec, GoalFunctions
 from her_mpi.nets import DeployablePolicy
 from her_mpi.replay.buffer import EpisodeStore, ReplayBuffer
@@ -133,6 +133,20 @@ class OffPolicyParams:
               self.target_update_every, "an integer >= 0")
         check(len(self.hidden) >= 1 and all(h >= 1 for h in self.hidden), f"{path}.hidden",
               self.hidden, "a non-empty list of positive layer widths")
+
+    def unused_keys(self, config: Config) -> dict[str, Unused]:
+        """Keys of ``config`` this algorithm never reads with these settings (dotted key, or a
+        section's name, -> why); a recipe or --set giving one a non-default value is refused."""
+        unused = {}
+        if self.n_step == 1:
+            unused["algo.n_step_correction"] = Unused("it corrects n-step targets, and algo.n_step is 1")
+        if not config.replay.prioritized:
+            for name in ("alpha", "beta", "beta_anneal_updates", "priority_eps"):
+                unused[f"replay.{name}"] = Unused("it tunes prioritized replay, and replay.prioritized is false")
+        if config.replay.strategy == "none":  # an ablation of a recipe's hindsight: warned, not refused
+            unused["replay.replay_k"] = Unused("replay.strategy none relabels no transition with an achieved goal",
+                                               refuse=False)
+        return unused
 
 
 class OffPolicyAgent(Agent):

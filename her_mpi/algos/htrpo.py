@@ -45,7 +45,7 @@ import torch
 from her_mpi import mpi
 from her_mpi.algos.on_policy import OnPolicyAgent, OnPolicyParams, Relabelled, gae, global_sum, relabel
 from her_mpi.algos.policies import detach_params
-from her_mpi.settings import check, setting
+from her_mpi.settings import Unused, check, setting
 from her_mpi.nets import FlatParameters
 from her_mpi.optim import SyncedAdam
 from her_mpi.rollout import Episodes
@@ -78,6 +78,17 @@ class HindsightParams(OnPolicyParams):
         check(0.0 <= self.gae_lambda <= 1.0, f"{path}.gae_lambda", self.gae_lambda, "a number in [0, 1]")
         check(self.original_goals or self.hindsight, f"{path}.original_goals", self.original_goals,
               "true when hindsight is off (no data otherwise)")
+
+    SCHEDULE = ("it learns once per cycle: one policy step on all of the cycle's episodes, then algo.critic_iters "
+                "value-network steps")
+    BATCH = "its policy step uses every row of the cycle; the value network's steps use algo.critic_batch_size rows"
+
+    def unused_keys(self, config) -> dict[str, Unused]:
+        unused = super().unused_keys(config)
+        if not self.hindsight:  # an ablation of a recipe tuned with hindsight: warned, not refused
+            for name in ("goal_filtering", "n_goals", "goal_decimals"):
+                unused[f"algo.{name}"] = Unused("it chooses hindsight goals, and algo.hindsight is false", refuse=False)
+        return unused
 
 
 @dataclass

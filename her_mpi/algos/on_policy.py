@@ -30,7 +30,7 @@ from her_mpi import mpi
 from her_mpi.algos.base import Agent
 from her_mpi.algos.policies import CategoricalPolicy, GaussianPolicy
 from her_mpi.cnn import input_statistics, network_body, preserve_function
-from her_mpi.settings import Activation, check, setting
+from her_mpi.settings import Activation, Unused, check, setting
 from her_mpi.envs import EnvSpec
 from her_mpi.nets import ActionScaler, DeployablePolicy, GreedyAction
 from her_mpi.optim import SyncedAdam
@@ -54,6 +54,22 @@ class OnPolicyParams:
               "a non-empty list of positive layer widths")
         check(0.0 <= self.gamma < 1.0, f"{path}.gamma", self.gamma, "a number in [0, 1)")
         check(self.lr_critic > 0, f"{path}.lr_critic", self.lr_critic, "a number > 0")
+
+    # How much an iteration learns, in this algorithm's own keys (train.n_batches, train.batch_size
+    # and the replay section are the off-policy schedule's).
+    SCHEDULE = "it learns once per cycle from that cycle's episodes"
+    BATCH = "it learns from all of a cycle's episodes at once"
+
+    def unused_keys(self, config) -> dict[str, Unused]:
+        """Keys of ``config`` this algorithm never reads with these settings (dotted key, or a
+        section's name, -> why); a recipe or --set giving one a non-default value is refused."""
+        no_replay = "it learns from each cycle's new episodes and keeps no replay buffer"
+        return {"replay": Unused(no_replay),
+                "checkpoint.save_buffer": Unused(no_replay + " to save"),
+                "train.n_batches": Unused(self.SCHEDULE),
+                "train.batch_size": Unused(self.BATCH),
+                "train.sync_check_every": Unused("it counts off-policy gradient updates; on-policy ranks are checked "
+                                                 "for identical parameters after each epoch")}
 
 
 @dataclass

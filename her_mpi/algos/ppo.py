@@ -29,7 +29,7 @@ import torch
 
 from her_mpi import mpi
 from her_mpi.algos.on_policy import OnPolicyAgent, OnPolicyParams, Relabelled, gae, global_sum, relabel
-from her_mpi.settings import check, setting
+from her_mpi.settings import Unused, check, setting
 from her_mpi.optim import SyncedAdam
 from her_mpi.rollout import Episodes
 
@@ -64,6 +64,17 @@ class PPOParams(OnPolicyParams):
         # final has one goal per episode: more copies would be identical
         check(self.strategy != "final" or self.replay_k == 1, f"{path}.replay_k", self.replay_k,
               f"1 with {path}.strategy final (one final goal per episode; future or episode draw replay_k goals)")
+
+    SCHEDULE = ("it learns once per cycle: algo.n_epochs passes over the cycle's episodes in minibatches of "
+                "algo.minibatch_size rows")
+    BATCH = "its minibatches have algo.minibatch_size rows (per rank)"
+
+    def unused_keys(self, config) -> dict[str, Unused]:
+        unused = super().unused_keys(config)
+        if not self.hindsight:  # plain PPO, often an ablation of a PPO-HER recipe: warned, not refused
+            for name in ("strategy", "replay_k"):
+                unused[f"algo.{name}"] = Unused("it makes hindsight copies, and algo.hindsight is false", refuse=False)
+        return unused
 
 
 class PPO(OnPolicyAgent):

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from her_mpi.algos.actor_critic import ActorCriticAgent, ActorCriticParams
-from her_mpi.settings import check, setting
+from her_mpi.settings import Unused, check, setting
 from her_mpi.nets import mlp
 from her_mpi.optim.kfac import KFACParams
 
@@ -39,15 +39,22 @@ class TD3Params(ActorCriticParams):
 
     def validate(self, path: str) -> None:
         super().validate(path)
-        if self.optimizer == "kfac":  # K-FAC steps with kfac.lr: Adam's rates would be silently unused
-            for name in ("lr_actor", "lr_critic"):
-                default = ActorCriticParams.__dataclass_fields__[name].default
-                check(getattr(self, name) == default, f"{path}.{name}", getattr(self, name),
-                      f"its default {default} with {path}.optimizer kfac, which steps with "
-                      f"{path}.kfac.lr ({name} is Adam's learning rate)")
         for name in ("action_l2", "noise_eps", "target_noise", "target_noise_clip"):
             check(getattr(self, name) >= 0, f"{path}.{name}", getattr(self, name), "a number >= 0")
         check(self.policy_delay >= 1, f"{path}.policy_delay", self.policy_delay, "an integer >= 1")
+
+    def unused_keys(self, config) -> dict[str, Unused]:
+        unused = super().unused_keys(config)
+        if self.optimizer == "adam":
+            unused["algo.kfac"] = Unused("it is a K-FAC setting, and algo.optimizer is adam")
+        else:  # K-FAC steps with kfac.lr
+            for name in ("lr_actor", "lr_critic"):
+                unused[f"algo.{name}"] = Unused(f"{name} is Adam's learning rate, and algo.optimizer kfac steps with "
+                                                f"algo.kfac.lr")
+        if self.target_noise == 0:
+            unused["algo.target_noise_clip"] = Unused("it clips the target policy's smoothing noise, and "
+                                                      "algo.target_noise is 0")
+        return unused
 
 
 class TD3(ActorCriticAgent):

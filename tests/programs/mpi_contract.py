@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 import her_mpi.trainer as trainer_module
-from her_mpi import mpi
+from her_mpi import mpi, registry
+from her_mpi.algos.base import OffPolicyAgent
 from her_mpi.config import load_config
 from her_mpi.normalizer import Normalizer
 from her_mpi.optim import SyncedAdam
@@ -66,9 +67,11 @@ def main(run_dir: str, algo: str = "ddpg", recipe: str | None = None) -> None:
     kfac = ["algo.optimizer=kfac", "algo.kfac.factor_every=1", "algo.kfac.inverse_every=2"] if optimizer else []
     if optimizer.startswith("kfac-"):
         kfac.append(f"algo.kfac.split_preconditioning={optimizer.split('-', 1)[1]}")
+    # the off-policy schedule's keys only where they are read (on-policy algorithms refuse them)
+    off_policy = ["train.n_batches=4", "train.batch_size=64", "train.sync_check_every=1"] \
+        if issubclass(registry.algorithm_class(algo), OffPolicyAgent) else []
     config = load_config(recipe, [f"algo={algo}", *kfac, "train.n_epochs=1", "train.n_cycles=3", "train.rollouts_per_rank=2",
-                                "train.n_batches=4", "train.batch_size=64", "train.n_test_episodes=6",
-                                "log.tensorboard=false", "train.sync_check_every=1"]
+                                *off_policy, "train.n_test_episodes=6", "log.tensorboard=false"]
                          + (["replay.prioritized=true"] if algo == "dqn" else []))
     recorded = {}
     evaluate = trainer_module.evaluate
