@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The long result tables of issues 11-13 as resumable sweeps (python -m her_mpi.sweep), one training at
+# a time at np=2. Run a table again with the same command after any interruption: finished runs are
+# skipped, interrupted ones resume from their last checkpoint. Then keep the results in the repository:
+#     python bench/collect_sweep.py runs/sweeps/<table> --name <table>
+#
+#     bench/tables.sh push            # FetchPush 300k: TD3, td3_fast, SAC, TD3/DDPG+KFAC, DDPG (3 seeds)
+#     bench/tables.sh push_ablation   # td3_fast's levers one at a time, 5 seeds (issue 12)
+#     bench/tables.sh other_tasks     # PickAndPlace 600k, Slide 600k, HandReach 500k (2 seeds; RECIPE=td3)
+#     bench/tables.sh htrpo_discrete  # HTRPO FetchReach/PushDiscrete (issue 13)
+#
+# Seeds go in the outer loop, so every recipe has its first seed before any has its third: a table
+# stopped early still compares all its rows. Set SWEEP_TREE to run from a frozen copy of the code
+# (git archive HEAD | tar -x -C DIR) while you keep editing this checkout.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+TREE="${SWEEP_TREE:-$ROOT}"
+OUT="${SWEEP_OUT:-$ROOT/runs/sweeps}"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+sweep() {  # sweep TABLE ARGS...: one her_mpi.sweep into OUT/TABLE
+    local table=$1; shift
+    (cd "$TREE" && PYTHONPATH="$TREE:$TREE/export" python -m her_mpi.sweep --np 2 --out "$OUT/$table" "$@")
+}
+
+case "${1:-}" in
+push)  # issue 11's FetchPush rows at 300k env steps (30 epochs of 10k at np=2)
+    for seed in 0 1 2; do
+        sweep push --config fetch_push_td3_fast --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30
+    done
+    for seed in 0 1 2; do
+        sweep push --config fetch_push_sac --config fetch_push_td3_kfac --config fetch_push_ddpg_kfac \
+            --config fetch_push_ddpg --seeds "$seed" --set train.n_epochs=30
+    done ;;
+push_ablation)  # issue 12: each of td3_fast's levers alone on TD3 (td3 and td3_fast themselves: push)
+    for seed in 0 1 2 3 4; do
+        sweep push_ablation/nstep3 --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30 --set algo.n_step=3
+        sweep push_ablation/futureactual22 --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30 \
+            --set replay.replay_k=2 --set replay.actual_k=2
+    done ;;
+other_tasks)  # issue 11: the best Push recipe on the other robotics tasks, 2 seeds
+    recipe="${RECIPE:-td3}"
+    for seed in 0 1; do
+        sweep other_tasks --config "fetch_pick_and_place_$recipe" --seeds "$seed" --set train.n_epochs=60
+        sweep other_tasks --config "fetch_slide_$recipe" --seeds "$seed" --set train.n_epochs=60
+        sweep other_tasks --config "hand_reach_$recipe" --seeds "$seed" --set train.n_epochs=50
+    done ;;
+htrpo_discrete)  # issue 13: HTRPO on the discrete Fetch tasks (the recipes' own budgets)
+    for seed in 0 1 2; do
+        sweep htrpo_discrete --config fetch_reach_discrete_htrpo --config fetch_push_discrete_htrpo --seeds "$seed"
+    done ;;
+*)
+    echo "usage: bench/tables.sh push|push_ablation|other_tasks|htrpo_discrete" >&2
+    exit 2 ;;
+esac
