@@ -22,18 +22,26 @@ def train(run_dir, recipe, *overrides):
 
 # A budget for 2 cores: 800-step iterations (8 episodes per rank), 16 hindsight goals, the
 # episodes' own goals too, and 2x64 networks instead of the paper's 1,600 steps, 100 goals and
-# 3x256 (fetch_reach_discrete_htrpo), 10 epochs (<= 80k steps).
+# 3x256 (fetch_reach_discrete_htrpo), 10 epochs (<= 40k steps: 50 iterations of <= 800).
 FAST_REACH = ["--set", "train.n_epochs=10", "--set", "train.n_cycles=5", "--set", "train.rollouts_per_rank=8",
               "--set", "algo.hidden=[64, 64]", "--set", "algo.n_goals=16", "--set", "algo.max_kl=1.0e-3",
               "--set", "algo.cg_damping=5.0e-5", "--set", "algo.gae_lambda=0.95", "--set", "algo.original_goals=true",
               "--set", "train.n_test_episodes=50"]
 
 
-# Not reached yet within a test's minutes: measured at np=2 (seed 0, a loaded machine) this
-# budget and its neighbours (max_kl 5e-4 to 2e-3, damping 5e-5 to 1e-3) reached 0.36-0.86 test
-# success in 6-8 epochs; the paper's 100 % is after far longer training (fetch_reach_discrete_htrpo).
-@pytest.mark.xfail(reason="HTRPO reaches 0.6-0.86 on FetchReachDiscrete-v0 in a few minutes' budget, "
-                          "not yet 0.9", strict=False)
+# Not reached within a test's minutes. The env matches notes section 8 (action map, clipping, command
+# in the observation, end at first success, vectorised reward); an untrained policy succeeds on
+# 5-6 % of episodes (greedy and sampled, 3 inits). Measured at np=2 on a loaded machine, this budget
+# reached at best (max over the 10 epochs, 50 test episodes each) 0.60 / 0.74 / 0.72 with
+# train.seed=0 / 1 / 2, and 0.72 over 24 epochs (54k steps, seed 0; 0.34-0.72 from epoch 3 on).
+# Neighbours on seed 0, 10 epochs: 16 episodes per rank with 40 critic steps 0.66, kl: analytic
+# 0.60, n_goals 4 0.36, n_goals 64 0.28 by epoch 4; earlier, max_kl 5e-4 to 2e-3 and damping 5e-5
+# to 1e-3 gave 0.36-0.86. Every run plateaus: the policy's entropy falls to ~0.3 nats (analytic KL:
+# ~0.8) by epoch 5 and the greedy policy dashes diagonally at full command, succeeding in ~3 steps
+# for goals near its rays and never turning back after a miss. The paper's 100 % comes after far
+# longer training (fetch_reach_discrete_htrpo).
+@pytest.mark.xfail(reason="HTRPO plateaus at 0.5-0.75 on FetchReachDiscrete-v0 in a few minutes' budget "
+                          "(3 seeds measured), not 0.9", strict=False)
 def test_htrpo_solves_fetch_reach_discrete(tmp_path):
     success = train(tmp_path / "run", "fetch_reach_discrete_htrpo", *FAST_REACH)
     assert max(success) >= 0.9, success
