@@ -4,8 +4,10 @@ change), robust to a shared, loaded machine.
 One worker process per tree (``PYTHONPATH=<tree>``), each building the same recipe's agent and
 batches as bench/update_floor.py. The parent hands a token round-robin (rotating which tree goes
 first), so exactly one worker runs a block of updates at a time and every tree sees the same
-background load over the run. Per block the worker reports thread CPU time and wall time; the
-medians over blocks are compared.
+background load over the run. Per block the worker reports thread CPU time and wall time of the
+block's updates and of its floor (the matrix multiplies of two of its updates replayed as plain
+``torch.mm``, as bench/update_floor.py does), so update/floor ratios of several trees come from one
+run; the medians over blocks are compared.
 
     python bench/update_ab.py --trees /tmp/base /work/wt16 --algo ddpg [--blocks 40] [--updates 10]
     (make a tree of a commit with: git worktree add /tmp/base <commit>, or git archive)
@@ -35,11 +37,17 @@ recipe, updates, overrides = sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[
 agent, batches = uf.make_agent(recipe, overrides)
 run = uf.Updates(agent, batches)
 block = agent.params.kfac.inverse_every if hasattr(agent.params, "kfac") and getattr(agent.params, "optimizer", "") == "kfac" else updates
-run(max(20, block))
+run(max(20, block) + (max(20, block) % 2))
+recorder = uf.MatmulRecorder()  # the floor: this tree's multiplies over two updates (TD3's period)
+with recorder:
+    run(2)
+calls = uf.floor_calls(recorder.operands)
 print("ready", flush=True)
 for line in sys.stdin:
     cpu, wall = uf.timed(run, block)
-    print(json.dumps({"cpu_ms": 1e3 * cpu / block, "wall_ms": 1e3 * wall / block}), flush=True)
+    floor_cpu, floor_wall = uf.timed(uf.run_floor, calls)
+    print(json.dumps({"cpu_ms": 1e3 * cpu / block, "wall_ms": 1e3 * wall / block,
+                      "floor_cpu_ms": 1e3 * floor_cpu / 2, "floor_wall_ms": 1e3 * floor_wall / 2}), flush=True)
 """
 
 
@@ -84,11 +92,13 @@ def main() -> None:
         # changes over minutes, a round takes seconds
         paired = sorted(x["cpu_ms"] / y["cpu_ms"] for x, y in zip(t, times[0]))
         q1, q3 = paired[len(paired) // 4], paired[(3 * len(paired)) // 4]
+        floor = statistics.median(x["floor_cpu_ms"] for x in t)
         rows.append({"tree": tree, "cpu_ms": round(cpu, 3), "wall_ms": round(wall, 3), "cpu_vs_first": round(cpu / base, 3),
                      "paired_cpu_ratio_median": round(statistics.median(paired), 3),
-                     "paired_cpu_ratio_iqr": [round(q1, 3), round(q3, 3)]})
+                     "paired_cpu_ratio_iqr": [round(q1, 3), round(q3, 3)],
+                     "floor_cpu_ms": round(floor, 3), "update_over_floor_cpu": round(cpu / floor, 3)})
         print(f"{args.algo:10} {tree:30} cpu {cpu:8.3f} ms/update  wall {wall:8.3f}  cpu/first {cpu / base:.3f}  "
-              f"paired {statistics.median(paired):.3f} [{q1:.3f}, {q3:.3f}]")
+              f"paired {statistics.median(paired):.3f} [{q1:.3f}, {q3:.3f}]  floor {floor:.3f}  update/floor {cpu / floor:.3f}")
     print(json.dumps(rows))
 
 
