@@ -39,10 +39,14 @@ _NAMES = {nn.ReLU: "relu", nn.Tanh: "tanh", nn.ELU: "elu"}
 # ``out`` (the incoming gradient itself when the pass owns it: no new tensor per layer).
 _FORWARD = {"relu": torch.relu_, "tanh": torch.tanh_, "elu": lambda z: F.elu_(z)}
 _aten = torch.ops.aten
+# (the overloads' C++ callables: the OpOverload's Python __call__ costs as much as the op here)
+_threshold_backward = _aten.threshold_backward.grad_input._op
+_tanh_backward = _aten.tanh_backward.grad_input._op
+_elu_backward = _aten.elu_backward.grad_input._op
 _DERIVATIVE = {
-    "relu": lambda g, y, out: _aten.threshold_backward.grad_input(g, y, 0, grad_input=out),
-    "tanh": lambda g, y, out: _aten.tanh_backward.grad_input(g, y, grad_input=out),
-    "elu": lambda g, y, out: _aten.elu_backward.grad_input(g, 1.0, 1, 1.0, True, y, grad_input=out),
+    "relu": lambda g, y, out: _threshold_backward(g, y, 0, grad_input=out),
+    "tanh": lambda g, y, out: _tanh_backward(g, y, grad_input=out),
+    "elu": lambda g, y, out: _elu_backward(g, 1.0, 1, 1.0, True, y, grad_input=out),
 }
 
 
@@ -67,37 +71,55 @@ def forward_layers(x, layers, activations) -> list[torch.Tensor]:
     """Every layer's output after its activation: [x, y_0, ..., y_last]. ``layers``: per layer
     :func:`layer_forms`."""
     outputs = [x]
-    for layer, activation in zip(layers, activations):
-        y = linear(outputs[-1], layer)
-        outputs.append(_FORWARD[activation](y) if activation else y)
+    h = x
+    for (weight, weight_t, bias), activation in zip(layers, activations):
+        if weight.dim() == 2:
+            h = torch.addmm(bias, h, weight_t)
+        else:
+            if h.dim() == 2:
+                h = h.expand(weight.shape[0], *h.shape)
+            h = torch.baddbmm(bias, h, weight_t)
+        if activation:
+            _FORWARD[activation](h)
+        outputs.append(h)
     return outputs
 
 
-def backward_layers(grad, layers, activations, outputs, parameter_grads=None, input_grad: bool = False):
+def backward_layers(grad, layers, activations, outputs, parameter_grads=None, input_grad: bool = False,
+                    input_columns: slice | None = None):
     """The chain rule from ``grad`` = d loss / d output down through every layer.
 
     ``parameter_grads``: per layer the (dW, db) tensors to write the parameter gradients into, or
-    None for none. Returns (d loss / d input if ``input_grad`` else None, [d loss / d z per
-    layer]), z being a layer's output before its activation."""
+    None for none. ``input_columns``: only these columns of d loss / d input (e.g. the action part
+    of a critic's input): the first layer's input-gradient multiply shrinks to them. Returns
+    (d loss / d input if ``input_grad`` else None, [d loss / d z per layer]), z being a layer's
+    output before its activation."""
     n_layers = len(layers)
     output_grads = [None] * n_layers
-    for i in reversed(range(n_layers)):
-        if activations[i]:  # in place, except on the caller's gradient (the top layer's)
+    for i in range(n_layers - 1, -1, -1):
+        activation = activations[i]
+        if activation:  # in place, except on the caller's gradient (the top layer's)
             out = grad if i < n_layers - 1 else torch.empty_like(grad)
-            grad = _DERIVATIVE[activations[i]](grad, outputs[i + 1], out)
+            grad = _DERIVATIVE[activation](grad, outputs[i + 1], out)
         output_grads[i] = grad
-        weight, layer_input = layers[i][0], outputs[i]
+        weight = layers[i][0]
+        stacked = weight.dim() == 3
         if parameter_grads is not None:
             weight_grad, bias_grad = parameter_grads[i]
-            if weight.dim() == 2:
+            layer_input = outputs[i]
+            if not stacked:
                 torch.mm(grad.t(), layer_input, out=weight_grad)
             else:
                 if layer_input.dim() == 2:
                     layer_input = layer_input.expand(weight.shape[0], *layer_input.shape)
                 torch.bmm(grad.transpose(1, 2), layer_input, out=weight_grad)
             torch.sum(grad, -2, out=bias_grad)
-        if i > 0 or input_grad:
-            grad = torch.bmm(grad, weight) if weight.dim() == 3 else torch.mm(grad, weight)
+        if i > 0:
+            grad = torch.bmm(grad, weight) if stacked else torch.mm(grad, weight)
+        elif input_grad:
+            if input_columns is not None:
+                weight = weight[..., input_columns]
+            grad = torch.bmm(grad, weight) if stacked else torch.mm(grad, weight)
     if not input_grad:
         return None, output_grads
     if grad.dim() == 3 and outputs[0].dim() == 2:
@@ -127,10 +149,11 @@ class NetworkPass:
             self.network.store_gradients(destinations)
         return input_grad
 
-    def input_gradient(self, output_grad: torch.Tensor) -> torch.Tensor:
+    def input_gradient(self, output_grad: torch.Tensor, columns: slice | None = None) -> torch.Tensor:
         """d loss / d input only: the network as a fixed function (e.g. the critic inside the
-        actor's loss)."""
-        return self.backward(output_grad, parameters=False, inputs=True)
+        actor's loss); ``columns``: only those input columns (e.g. the action's)."""
+        return backward_layers(output_grad.reshape(self.outputs[-1].shape), self.layers,
+                               self.network.activations, self.outputs, None, True, columns)[0]
 
     def output_gradients(self, output_grad: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """K-FAC: for every ``nn.Linear`` (in ``modules()`` order), its input in this pass and the
@@ -186,6 +209,7 @@ class MLP(nn.Sequential):
             layers.append(output_activation())
         super().__init__(*layers)
         self.linears = [layer for layer in layers if isinstance(layer, nn.Linear)]  # not re-registered
+        self.first_weight = (self.linears[0].weight,)  # the caches' anchor (a plain reference)
         self.activations = tuple([activation] * len(hidden) + [_NAMES.get(output_activation)])
         self._cache = {}
 
@@ -205,15 +229,17 @@ class MLP(nn.Sequential):
     def layer_weights(self) -> list[tuple]:
         """Per layer :func:`layer_forms` of the detached parameters; cached while the parameters
         stay where they are (the optimizer's flat buffer and deep copies move them)."""
-        return _cached(self, "weights", self.linears[0].weight,
+        return _cached(self, "weights", self.first_weight[0],
                        lambda l: layer_forms(l.weight.detach(), l.bias.detach()))
 
     def gradient_buffers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(W.grad, b.grad) per layer: views of the optimizer's flat gradient."""
-        if self.linears[0].weight.grad is None:  # no optimizer (yet): gradients of their own
+        grad = self.first_weight[0].grad
+        if grad is None:  # no optimizer (yet): gradients of their own
             for p in self.parameters():
                 p.grad = torch.zeros_like(p)
-        return _cached(self, "grads", self.linears[0].weight.grad, lambda l: (l.weight.grad, l.bias.grad))
+            grad = self.first_weight[0].grad
+        return _cached(self, "grads", grad, lambda l: (l.weight.grad, l.bias.grad))
 
     def store_gradients(self, destinations) -> None:
         """Nothing to do: :meth:`gradient_buffers` are the parameters' own ``.grad``."""
@@ -249,6 +275,8 @@ class CriticEnsemble(nn.Module):
         super().__init__()
         self.members = nn.ModuleList(mlp(in_dim, hidden, 1, activation) for _ in range(n))
         self.activations = self.members[0].activations
+        self.n = n
+        self._members = tuple(self.members)  # plain references (ModuleList indexing is slow Python)
         self._cache = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -261,25 +289,32 @@ class CriticEnsemble(nn.Module):
         layers = self.layer_weights()
         return NetworkPass(self, layers, forward_layers(x, layers, self.activations), frozen)
 
+    def member(self, k: int) -> MLP:
+        return self._members[k]
+
     def layer_weights(self) -> list[tuple]:
         """Per layer, :func:`layer_forms` of every member's (W, b) stacked: [n, out, in], [n, out]."""
-        if len(self.members) == 1:
-            return self.members[0].layer_weights()
+        if self.n == 1:
+            return self._members[0].layer_weights()
+        entry = self._cache.get("weights")
+        if entry is not None and entry[0] == self._members[0].first_weight[0].data_ptr():
+            return entry[1]
         return self._stacked("weights", [[layer[0::2] for layer in member.layer_weights()]
-                                         for member in self.members], forms=True)
+                                         for member in self._members], forms=True)
 
     def gradient_buffers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        if len(self.members) == 1:
-            return self.members[0].gradient_buffers()
-        return self._stacked("grads", [member.gradient_buffers() for member in self.members])
+        if self.n == 1:
+            return self._members[0].gradient_buffers()
+        entry = self._cache.get("grads")
+        grad = self._members[0].first_weight[0].grad
+        if entry is not None and grad is not None and entry[0] == grad.data_ptr():
+            return entry[1]
+        return self._stacked("grads", [member.gradient_buffers() for member in self._members])
 
     def _stacked(self, kind: str, per_member: list[list[tuple]], forms: bool = False) -> list[tuple]:
         """Stacked views are cached while the members stay where they are; copies (members not
         laid out evenly) are rebuilt every time, since they would not follow later updates."""
         first = per_member[0][0][0].data_ptr()
-        entry = self._cache.get(kind)
-        if entry is not None and entry[0] == first:
-            return entry[1]
         stacked, views = stack_layers(per_member)
         if forms:
             stacked = [layer_forms(weight, bias) for weight, bias in stacked]
@@ -288,7 +323,7 @@ class CriticEnsemble(nn.Module):
 
     def store_gradients(self, destinations) -> None:
         """Copy stacked gradients into the members' ``.grad`` unless they were views of them."""
-        if len(self.members) == 1 or self._cache.get("grads") is not None:  # cached: views
+        if self.n == 1 or self._cache.get("grads") is not None:  # cached: views
             return
         for k, member in enumerate(self.members):
             for (weight_grad, bias_grad), (dW, db) in zip(member.gradient_buffers(), destinations):
@@ -297,13 +332,13 @@ class CriticEnsemble(nn.Module):
                     bias_grad.copy_(db[k])
 
     def output_view(self, output: torch.Tensor) -> torch.Tensor:
-        return output.unsqueeze(0) if len(self.members) == 1 else output
+        return output.unsqueeze(0) if self.n == 1 else output
 
     def per_linear(self, inputs, grads):
-        if len(self.members) == 1:
+        if self.n == 1:
             return list(zip(inputs, grads))
         return [(layer_input if layer_input.dim() == 2 else layer_input[k], grad[k])
-                for k in range(len(self.members)) for layer_input, grad in zip(inputs, grads)]
+                for k in range(self.n) for layer_input, grad in zip(inputs, grads)]
 
 
 def stack_layers(per_member: list[list[tuple]]) -> tuple[list[tuple], bool]:

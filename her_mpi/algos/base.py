@@ -265,11 +265,11 @@ class OffPolicyAgent(Agent):
         bonus that is not task reward (SAC's entropy term) is added after the clip, since the
         clip's bounds are those of the task return (near success its upper bound 0 would cancel
         it)."""
-        discount = (self.gamma if discounts is None else discounts) * (1.0 - terminals)
-        target = rewards + discount * next_value
+        discount = (1.0 - terminals).mul_(self.gamma if discounts is None else discounts)
+        target = torch.addcmul(rewards, discount, next_value)
         if self.params.clip_target:  # rewards in [lo, hi] bound returns to [lo, hi] / (1 - gamma)
             low, high = self.spec.reward_bounds
-            target = target.clamp(min(low, 0.0) / (1.0 - self.gamma), max(high, 0.0) / (1.0 - self.gamma))
+            target.clamp_(min(low, 0.0) / (1.0 - self.gamma), max(high, 0.0) / (1.0 - self.gamma))
         if next_bonus is not None:
             target = target + discount * next_bonus
         return target

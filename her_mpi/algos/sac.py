@@ -158,7 +158,7 @@ class SAC(ActorCriticAgent):
         # d actor_loss / d log_prob = alpha/batch
         batch = len(q_pi)
         grad_q = torch.zeros_like(q).scatter_(0, smaller.unsqueeze(0), -1.0 / batch)
-        grad_action = critic_pass.input_gradient(grad_q)[:, -action.shape[-1]:]
+        grad_action = critic_pass.input_gradient(grad_q, columns=slice(-action.shape[-1], None))
         self.actor_optimizer.backward_pass(actor_pass, (grad_action, alpha / batch))
         # alpha_loss = -mean(log_alpha * (log_prob + target_entropy)), linear in log(alpha)
         self.temperature_optimizer.set_gradient(-(log_prob + self.target_entropy).mean())

@@ -94,13 +94,14 @@ class TD3(ActorCriticAgent):
         actor_pass = self.actor.train_forward(x)
         action = actor_pass.output
         # the first critic as a fixed function of the action: only its input gradient is needed
-        critic_pass = self.critic.members[0].train_forward(torch.cat([x, action], -1), frozen=True)
+        critic_pass = self.critic.member(0).train_forward(torch.cat([x, action], -1), frozen=True)
         q_pi = critic_pass.output
         l2 = self.params.action_l2
         actor_loss = -q_pi.mean() + l2 * action.pow(2).mean()
         # d actor_loss / d action: -mean(q) through the critic's action inputs, plus the L2 term
-        grad_input = critic_pass.input_gradient(torch.full_like(q_pi, -1.0 / q_pi.numel()))
-        grad_action = grad_input[:, -action.shape[-1]:] + (2.0 * l2 / action.numel()) * action
+        grad_action = critic_pass.input_gradient(torch.full_like(q_pi, -1.0 / q_pi.numel()),
+                                                 columns=slice(-action.shape[-1], None))
+        grad_action.add_(action, alpha=2.0 * l2 / action.numel())
         self.actor_optimizer.backward_pass(actor_pass, grad_action)
         self.last_actor_loss = metrics["actor_loss"] = actor_loss
         return [self.actor_optimizer]

@@ -79,10 +79,11 @@ class SyncedOptimizer(ABC):
             mpi.finish_allreduce_mean_(self._pending, self.flat.grad.numpy())
         self.wait_s += time.perf_counter() - started
         self._pending = None
-        # One reduction (NaN and Inf propagate through a sum): cheap enough for every update. The
+        # One reduction (NaN and Inf propagate through a sum): cheap enough for every update; a
+        # group checks all its members' gradients in one, before any of them steps. The
         # parameters are checked once per cycle by the training loop, before any checkpoint.
-        if not math.isfinite(float(self.flat.grad.sum())):
-            raise NonFiniteValue(self, "gradient")
+        if self.group is None:
+            check_finite([self])
         self.apply()
 
     def minimize(self, loss: torch.Tensor, output: torch.Tensor | None = None) -> None:
@@ -110,6 +111,15 @@ class SyncedOptimizer(ABC):
     @abstractmethod
     def apply(self) -> None:
         """Update the parameters from the averaged gradient in ``self.flat.grad``."""
+
+
+def check_finite(optimizers: list[SyncedOptimizer], gradients: torch.Tensor | None = None) -> None:
+    """Raise :class:`NonFiniteValue` (naming the first offending optimizer) unless ``gradients``
+    (default: the one optimizer's) sum to a finite number."""
+    total = gradients if gradients is not None else optimizers[0].flat.grad
+    if not math.isfinite(float(total.sum())):
+        bad = next((o for o in optimizers if not math.isfinite(float(o.flat.grad.sum()))), optimizers[0])
+        raise NonFiniteValue(bad, "gradient")
 
 
 class GradientGroup:
@@ -154,10 +164,10 @@ class GradientGroup:
         if optimizer not in self._ready:
             raise RuntimeError("step() without a gradient computed in this update")
         if self._stepped == 0:
-            lo = min(self.spans[self.members.index(o)][0] for o in self._ready)
-            hi = max(self.spans[self.members.index(o)][1] for o in self._ready)
-            part = self.gradients[lo:hi].numpy()
-            mpi.finish_allreduce_mean_(mpi.start_allreduce_mean_(part), part)
+            spans = [self.spans[self.members.index(o)] for o in self._ready]
+            part = self.gradients[min(lo for lo, _ in spans):max(hi for _, hi in spans)]
+            mpi.finish_allreduce_mean_(mpi.start_allreduce_mean_(part.numpy()), part.numpy())
+            check_finite(self._ready, part)
             exchanging = [o for o in self._ready if id(o) in self.exchange_spans]
             for member in exchanging:
                 member.before_exchange()
