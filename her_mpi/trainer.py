@@ -153,13 +153,21 @@ class EpochProgress:
         return dataclasses.asdict(self)
 
 
+def denormals_flushed() -> bool:
+    """Whether this thread's floating-point unit flushes subnormal numbers to zero."""
+    return float(np.float32(1e-38) / np.float32(1e4)) == 0.0
+
+
 class Trainer:
     def __init__(self, config: Config, run_dir: Path, resume: dict | None = None):
         self.config, self.run_dir, self.resumed = config, Path(run_dir), resume is not None
         self.rank, self.size = mpi.rank(), mpi.size()
         self.algo = config.algo_name
         torch.set_num_threads(config.train.torch_threads)
-        torch.set_flush_denormal(True)  # tiny Adam moments and gradients otherwise cost 5-10x
+        # Tiny Adam moments and gradients otherwise cost 5-10x; restored by close(), since the
+        # setting is the thread's (numpy and anything else in the process see it too).
+        self.denormals_were_flushed = denormals_flushed()
+        torch.set_flush_denormal(True)
         same_layout = resume is None or resume["n_ranks"] == self.size
         restart = 0 if same_layout else int(resume["generation"])
         seeds = rank_seeds(config.train.seed, self.rank, restart)
@@ -227,6 +235,7 @@ class Trainer:
         """Close the envs (their simulators and renderers); the trainer cannot collect afterwards."""
         self.worker.close()
         self.test_worker.close()
+        torch.set_flush_denormal(self.denormals_were_flushed)
 
     def _run_epoch(self, epoch: int) -> dict:
         train = self.config.train

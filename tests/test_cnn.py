@@ -21,8 +21,9 @@ PACMAN = EnvSpec("MsPacmanGoal-v0", 4 * 84 * 84, 2, True, 1, 4, (), (), 26, 13 /
 
 
 def agent_for(algo: str, *overrides):
+    replay = ["replay.size=2600"] if algo == "dqn" else []  # on-policy algorithms keep no replay
     config = load_config(None, [f"algo={algo}", "env.id=MsPacmanGoal-v0", "algo.hidden=[32, 32, 32]",
-                                "algo.activation=relu", "replay.size=2600", *overrides])
+                                "algo.activation=relu", *replay, *overrides])
     return build_agent(config, PACMAN), config
 
 
