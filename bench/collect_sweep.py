@@ -2,7 +2,7 @@
 
     python bench/collect_sweep.py runs/sweeps/push300k --name fetch_push_300k [--title ...]
 
-Copies every run's progress.csv, config.yaml and finished.json (small files; no checkpoints)
+Copies every run's progress.csv, config.yaml, sweep.json and finished.json (small files; no checkpoints)
 from the sweep directory to bench/results/runs/<name>/<recipe>/seed<s>/, then writes the
 aggregate curves and table with ``python -m her_mpi.plot``: bench/results/<name>.png, .md and
 .json. Runs still going are included with the epochs they have; run it again as they finish.
@@ -18,13 +18,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-KEPT = ("progress.csv", "config.yaml", "finished.json", "resumes.yaml")
+KEPT = ("progress.csv", "config.yaml", "finished.json", "resumes.yaml", "sweep.json")
 
 
-def copy_runs(sweep: Path, destination: Path) -> int:
+def copy_runs(sweep: Path, destination: Path, finished_only: bool = False) -> int:
     copied = 0
     for progress in sorted(sweep.rglob("progress.csv")):
         run = progress.parent
+        if finished_only and not (run / "finished.json").is_file():
+            continue
         target = destination / run.relative_to(sweep)
         target.mkdir(parents=True, exist_ok=True)
         for name in KEPT:
@@ -39,9 +41,12 @@ def main() -> int:
     parser.add_argument("sweeps", nargs="+", type=Path, help="sweep directories (python -m her_mpi.sweep --out)")
     parser.add_argument("--name", required=True, help="results name: bench/results/<name>.{png,md,json}")
     parser.add_argument("--title", default=None)
+    parser.add_argument("--finished-only", action="store_true",
+                        help="only runs that reached their budget (a run still at 20k would cut its recipe's curve there)")
     args = parser.parse_args()
     destination = RESULTS / "runs" / args.name
-    copied = sum(copy_runs(sweep, destination / sweep.name) for sweep in args.sweeps)
+    shutil.rmtree(destination, ignore_errors=True)  # runs left out this time must not linger
+    copied = sum(copy_runs(sweep, destination / sweep.name, args.finished_only) for sweep in args.sweeps)
     print(f"copied {copied} run(s) to {destination.relative_to(ROOT)}")
     return subprocess.call([sys.executable, "-m", "her_mpi.plot", str(destination), "-o",
                             str(RESULTS / f"{args.name}.png"), "--table", str(RESULTS / args.name),

@@ -100,8 +100,22 @@ def sweep_label(run_dir: Path) -> str | None:
     return " ".join([data["name"], *shown])
 
 
+def with_current_defaults(config: dict) -> dict:
+    """The run's settings as today's code reads them: keys added since the run was written take
+    their defaults and old key names their new ones, so runs of one recipe written by different
+    versions of the package still group together. Unreadable configs are compared as written."""
+    from her_mpi.config import ConfigError, config_from_dict
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # deprecated names: the run was fine when it ran
+            return config_from_dict(config).to_dict()
+    except (ConfigError, TypeError, ValueError, KeyError):
+        return json.loads(json.dumps(config))  # a deep copy
+
+
 def recipe_key(run: Run) -> str:
-    config = json.loads(json.dumps(run.config))  # a deep copy
+    config = with_current_defaults(run.config)
     for path in NOT_RECIPE:
         node = config
         for key in path[:-1]:

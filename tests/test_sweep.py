@@ -159,6 +159,18 @@ def fake_run(directory, seed: int, success: list[float], lr: float = 1e-3, n_ran
             writer.writerow([epoch, steps, steps // n_ranks, n_ranks, value, 0, 30.0 * (epoch + 1), 50])
 
 
+def test_runs_written_by_another_version_of_the_package_still_group_together(tmp_path):
+    """A run resumed into a newer version keeps its old config.yaml: keys added since (at their
+    defaults) and renamed keys must not split a recipe's seeds into two curves."""
+    fake_run(tmp_path / "new/seed0", 0, [0.0, 0.5])
+    fake_run(tmp_path / "old/seed1", 1, [0.0, 0.7])
+    old = yaml.safe_load((tmp_path / "old/seed1/config.yaml").read_text())
+    del old["algo"]["kfac"]["split_preconditioning"]  # a key this version added, at its default
+    (tmp_path / "old/seed1/config.yaml").write_text(yaml.safe_dump(old))
+    recipes = plot.group(plot.find_runs([tmp_path]))
+    assert [len(r.runs) for r in recipes] == [2]
+
+
 FINALS = [0.0, 0.2, 0.4, 0.6, 1.0]
 
 
