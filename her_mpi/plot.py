@@ -104,13 +104,13 @@ def with_current_defaults(config: dict) -> dict:
     """The run's settings as today's code reads them: keys added since the run was written take
     their defaults and old key names their new ones, so runs of one recipe written by different
     versions of the package still group together. Unreadable configs are compared as written."""
-    from her_mpi.config import ConfigError, config_from_dict
+    from her_mpi.config import config_from_dict
 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # deprecated names: the run was fine when it ran
             return config_from_dict(config).to_dict()
-    except (ConfigError, TypeError, ValueError, KeyError):
+    except (TypeError, ValueError, KeyError):  # ConfigError is a ValueError
         return json.loads(json.dumps(config))  # a deep copy
 
 

@@ -36,6 +36,7 @@ Ablations: ``kl: qkl | analytic | logratio``, ``goal_filtering``, ``weighted_is`
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Literal
 
@@ -305,8 +306,9 @@ class HindsightAgent(OnPolicyAgent):
             per_row = 0.5 * log_ratio.pow(2) if kl == "qkl" else log_ratio
         return (1.0 - self.params.gamma) * (batch["coefficients"] * per_row).sum()
 
+    @abstractmethod
     def policy_step(self, batch) -> dict[str, float]:
-        raise NotImplementedError
+        """One policy update from the hindsight batch (HTRPO: trust-region step; HPG: gradient step)."""
 
 
 class HTRPO(HindsightAgent):
