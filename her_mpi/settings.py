@@ -153,6 +153,11 @@ class ReplayConfig:
     beta: float = setting(0.4, "prioritized replay: initial importance-weight exponent, annealed linearly to 1")
     beta_anneal_updates: int = setting(0, "prioritized replay: updates until beta reaches 1 (0: the whole run)")
     priority_eps: float = setting(1e-6, "prioritized replay: added to |TD error| so that no priority is 0")
+    episode_priority: Literal["none", "energy"] = setting(
+        "none", "which episodes batches come from: none (uniform over transitions) or energy (in proportion to the "
+                "energy their achieved goal gained, Zhao & Tresp 2018; goals that are 3-D positions)")
+    energy_clip: float = setting(0.5, "episode_priority energy: the most energy one transition adds (the paper's "
+                                      "Fetch value; unit masses, J)")
 
     def validate(self, path: str) -> None:
         check(self.size >= 1, f"{path}.size", self.size, "an integer >= 1")
@@ -163,6 +168,9 @@ class ReplayConfig:
         check(self.beta_anneal_updates >= 0, f"{path}.beta_anneal_updates",
                self.beta_anneal_updates, "an integer >= 0")
         check(self.priority_eps > 0, f"{path}.priority_eps", self.priority_eps, "a number > 0")
+        check(self.energy_clip > 0, f"{path}.energy_clip", self.energy_clip, "a number > 0")
+        check(not (self.prioritized and self.episode_priority != "none"), f"{path}.episode_priority",
+              self.episode_priority, "none when replay.prioritized is true (one prioritization at a time)")
 
 
 @dataclass

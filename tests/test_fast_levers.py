@@ -1,4 +1,5 @@
-"""Mechanics of the sample-efficiency levers: futureactual relabelling and n-step targets."""
+"""Mechanics of the sample-efficiency levers: futureactual relabelling, n-step targets and
+energy-based episode prioritization."""
 
 import numpy as np
 import pytest
@@ -188,3 +189,101 @@ def test_n_step_off_gives_the_one_step_target():
     with torch.no_grad():
         expected = (batch["rewards"] + agent.gamma * (1 - batch["terminals"]) * agent.next_value(x_next)[0]).clamp(-50, 0)
         torch.testing.assert_close(agent.td_target(batch, x_next), expected)
+
+
+# -- energy-based prioritization (Zhao & Tresp 2018) -------------------------------------------
+
+def path_episodes(paths, lengths=None):
+    """Episodes whose achieved goals follow ``paths`` [n, T+1, 3]; everything else is zero."""
+    paths = np.asarray(paths, np.float32)
+    n, T1, _ = paths.shape
+    lengths = np.full(n, T1 - 1) if lengths is None else np.asarray(lengths)
+    return Episodes(obs=paths.copy(), ag=paths, g=np.zeros_like(paths), actions=np.zeros((n, T1 - 1, 4), np.float32),
+                    rewards=np.zeros((n, T1 - 1), np.float32), lengths=lengths, success=np.zeros(n, np.float32))
+
+
+def test_trajectory_energy_of_a_hand_made_path_equals_the_formula():
+    from her_mpi.replay.buffer import trajectory_energy
+
+    dt = 0.04
+    # still, then 1 cm along x, then 2 cm up, then 1 cm back down, then still
+    path = np.array([[0, 0, 0], [0, 0, 0], [0.01, 0, 0], [0.01, 0, 0.02], [0.01, 0, 0.01], [0.01, 0, 0.01]])
+    kinetic = [0, 0.5 * (0.01 / dt) ** 2, 0.5 * (0.02 / dt) ** 2, 0.5 * (0.01 / dt) ** 2, 0]
+    potential = [0, 0, 9.81 * 0.02, 9.81 * 0.01, 9.81 * 0.01]
+    energy = np.add(kinetic, potential)
+    gained = np.clip(np.diff(energy, prepend=0.0), 0, 0.1)  # E_1, then E_{i+1} - E_i, clipped to [0, 0.1]
+    assert gained[1] > 0 and gained[2] == 0.1 and gained[3] == 0  # the clip binds, a loss counts 0
+    values = trajectory_energy(path[None], np.array([5]), dt, clip=0.1)
+    np.testing.assert_allclose(values, [gained.sum()])
+    # steps beyond an episode's length do not count; a still episode has none
+    np.testing.assert_allclose(trajectory_energy(path[None], np.array([2]), dt, 0.1), [gained[:2].sum()])
+    assert trajectory_energy(np.zeros((1, 6, 3)), np.array([5]), dt, 0.1)[0] == 0
+    # several 3-D points in one goal (HandReach's fingertips) add up (before the clip)
+    np.testing.assert_allclose(trajectory_energy(np.tile(path, 2)[None], np.array([5]), dt, 10.0),
+                               2 * trajectory_energy(path[None], np.array([5]), dt, 10.0))
+    with pytest.raises(ValueError, match="goal_dim is 2"):
+        trajectory_energy(np.zeros((1, 6, 2)), np.array([5]), dt, 0.1)
+
+
+def test_energy_prioritization_samples_episodes_in_proportion_to_their_energy():
+    rng = np.random.default_rng(0)
+    n_episodes, horizon = 6, 8
+    paths = np.zeros((n_episodes, horizon + 1, 3))
+    speeds = np.array([0.0, 0.0, 0.002, 0.004, 0.006, 0.0])  # m per step along x; three still episodes
+    paths[:, :, 0] = speeds[:, None] * np.arange(horizon + 1)[None, :]
+    lengths = np.array([8, 8, 8, 4, 8, 8])
+    store = EpisodeStore.from_episodes(path_episodes(paths, lengths), sparse_reward)
+    uniform_t = store.sample(4000, "future", 4, np.random.default_rng(1))["ag"]  # before: uniform
+    assert len(np.unique(uniform_t[:, 0] / 0.002)) > 3
+    store.prioritize_by_energy(dt=0.04, clip=10.0)
+    energy = store.energy[:n_episodes]
+    assert np.all(energy[[0, 1, 5]] == 0) and np.all(energy[2:5] > 0)
+    n = 60_000
+    episode, t = store.sample_batch_indices(n, rng)
+    for e in range(n_episodes):
+        assert within((episode == e).mean(), energy[e] / energy.sum(), n)
+    assert np.all(t < lengths[episode]) and set(t[episode == 4]) == set(range(8))  # steps uniform within
+    # a batch comes from those episodes; other transitions' goals (futureactual) stay uniform
+    batch = store.sample(2000, "future", 2, rng, actual_k=2)
+    assert np.all(batch["ag_next"][:, 0] > 0)  # only the moving episodes' transitions
+    sources = store.sample_indices(n, rng)[0]
+    assert within((sources == 0).mean(), 8 / 44, n)
+
+
+def test_energy_prioritization_stays_uniform_until_an_episode_has_energy_and_survives_a_resume():
+    from her_mpi.replay.buffer import ReplayBuffer
+
+    still = path_episodes(np.zeros((3, T + 1, 3)))
+    buffer = ReplayBuffer(100 * T, T, 3, 3, 4, False, sparse_reward)
+    buffer.prioritize_by_energy(dt=0.04, clip=0.5)
+    buffer.store(still)
+    episode, _ = buffer.sample_batch_indices(3000, np.random.default_rng(0))
+    assert set(episode) == {0, 1, 2}
+    moving = np.zeros((1, T + 1, 3))
+    moving[0, :, 2] = 0.01 * np.arange(T + 1)  # rising: potential energy
+    buffer.store(path_episodes(moving))
+    episode, _ = buffer.sample_batch_indices(3000, np.random.default_rng(0))
+    assert set(episode) == {3}
+    restored = ReplayBuffer(100 * T, T, 3, 3, 4, False, sparse_reward)
+    restored.prioritize_by_energy(dt=0.04, clip=0.5)
+    restored.load_state_dict(buffer.state_dict())
+    np.testing.assert_array_equal(restored.energy, buffer.energy)
+
+
+def test_energy_prioritization_settings_are_checked():
+    from her_mpi.config import load_config
+    from her_mpi.envs import env_spec, make_env
+    from her_mpi.settings import ConfigError
+    from her_mpi.trainer import build_agent
+
+    with pytest.raises(ConfigError, match="episode_priority"):
+        load_config("fetch_push_td3", ["replay.episode_priority=energy", "replay.prioritized=true"])
+    with pytest.raises(ConfigError, match="energy_clip"):
+        load_config("fetch_push_td3", ["replay.energy_clip=1.0"])  # without episode_priority energy
+    with pytest.raises(ConfigError, match="energy_clip"):
+        load_config("fetch_push_td3", ["replay.episode_priority=energy", "replay.energy_clip=0"])
+    config = load_config("bitflip_10_dqn", ["replay.episode_priority=energy"])
+    env = make_env(config.env, 0)
+    with pytest.raises(ConfigError, match="goal_dim 10"):
+        build_agent(config, env_spec(env, config.env.id), env, np.random.SeedSequence(0))
+    env.close()

@@ -143,6 +143,9 @@ class OffPolicyParams:
         if not config.replay.prioritized:
             for name in ("alpha", "beta", "beta_anneal_updates", "priority_eps"):
                 unused[f"replay.{name}"] = Unused("it tunes prioritized replay, and replay.prioritized is false")
+        if config.replay.episode_priority != "energy":
+            unused["replay.energy_clip"] = Unused("it tunes energy-based prioritization, and replay.episode_priority "
+                                                  "is not energy")
         if config.replay.strategy == "none":  # an ablation of a recipe's hindsight: warned, not refused
             unused["replay.replay_k"] = Unused("replay.strategy none relabels no transition with an achieved goal",
                                                refuse=False)
@@ -167,6 +170,12 @@ class OffPolicyAgent(Agent):
                                    replay.prioritized, replay.alpha, replay.priority_eps,
                                    obs_dtype=np.dtype(spec.obs_dtype),
                                    timeout_reward=goal_fns.timeout_reward if goal_fns else 0.0)
+        if replay.episode_priority == "energy":
+            if spec.goal_dim % 3 or not spec.control_period > 0:
+                raise ConfigError(f"replay.episode_priority = 'energy' needs goals that are 3-D positions and the "
+                                  f"env's control period; {spec.env_id} has goal_dim {spec.goal_dim} and dt "
+                                  f"{spec.control_period}; expected episode_priority none for this env")
+            self.buffer.prioritize_by_energy(spec.control_period, replay.energy_clip)
         self.target_pairs: list[tuple[torch.Tensor, torch.Tensor]] = []  # (target, online) flat
 
     @abstractmethod

@@ -13,6 +13,12 @@ the goal of its next input; a relabelled goal stays fixed. At the horizon's last
 episode that ran out of time, the env's time-out reward (predator-prey: -1) is added, as the env
 paid it.
 
+Energy-based prioritization (Zhao & Tresp, CoRL 2018) replays whole episodes in proportion to
+the energy their achieved goal gained (:func:`trajectory_energy`): on Fetch the object's, so the
+few early episodes in which the gripper moved the object are replayed far more often than the
+many in which it never touched it. Steps within a chosen episode stay uniform, and there are no
+importance weights (as in the paper).
+
 Prioritized replay keeps one priority per stored transition (slot ``e * T + t``). A relabelled
 goal is drawn afresh every time the transition is sampled, so its priority is the latest |TD|
 of that transition under whichever goal it was replayed with: an estimate of how much the
@@ -30,6 +36,36 @@ from her_mpi.replay.sum_tree import SumTree
 
 GoalFunction = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (achieved, desired) -> [batch]
 STRATEGIES = ("future", "final", "episode", "random", "none")
+
+
+GRAVITY = 9.81  # m/s^2; every point of the achieved goal has unit mass
+
+
+def trajectory_energy(ag: np.ndarray, lengths: np.ndarray, dt: float, clip: float) -> np.ndarray:
+    """Energy-based prioritization's trajectory energy of each episode [n], from its achieved
+    goals ``ag`` [n, T+1, goal_dim] read as 3-D positions of unit masses (z up).
+
+    E_i = potential (g times the height gained since ag[0]) + kinetic (1/2 v^2, v = the step's
+    displacement / dt) after i actions, summed over the points; a transition's energy is what
+    it added, E_1 for the first and E_{i+1} - E_i after, clipped to [0, clip]; the trajectory's
+    is the sum over its ``lengths`` steps."""
+    n, T1, goal_dim = ag.shape
+    if goal_dim % 3:
+        raise ValueError(f"trajectory energy needs achieved goals made of 3-D positions; goal_dim is {goal_dim}")
+    points = ag.reshape(n, T1, goal_dim // 3, 3).astype(np.float64)
+    potential = GRAVITY * (points[:, 1:, :, 2] - points[:, :1, :, 2]).sum(axis=2)
+    kinetic = 0.5 * ((np.diff(points, axis=1) / dt) ** 2).sum(axis=(2, 3))
+    energy = potential + kinetic  # [n, T]: after 1 .. T actions
+    gained = np.concatenate([energy[:, :1], np.diff(energy, axis=1)], axis=1).clip(0.0, clip)
+    return (gained * (np.arange(T1 - 1)[None, :] < np.asarray(lengths)[:, None])).sum(axis=1)
+
+
+def weighted_transitions(cumulative_weights: np.ndarray, lengths: np.ndarray, batch_size: int,
+                         rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(episode, t): episodes in proportion to their weights (cumulative), t uniform within."""
+    episode = np.searchsorted(cumulative_weights, rng.random(batch_size) * cumulative_weights[-1], side="right")
+    episode = np.minimum(episode, len(cumulative_weights) - 1)  # rng.random() < 1, but float roundoff
+    return episode, (rng.random(batch_size) * lengths[episode]).astype(np.int64)
 
 
 def uniform_transitions(cumulative_lengths: np.ndarray, lengths: np.ndarray, batch_size: int,
@@ -130,6 +166,23 @@ class EpisodeStore:
         self.next_slot = 0  # ring position of the next insertion
         self.n_stored = 0  # episodes ever stored: checkpoints save the ones added since their last save
         self._cumulative_lengths = None
+        self.energy = None  # per episode slot, with energy-based prioritization (prioritize_by_energy)
+        self._cumulative_energy = None
+
+    def prioritize_by_energy(self, dt: float, clip: float) -> None:
+        """Sample episodes in proportion to their trajectory energy (:func:`trajectory_energy`,
+        ``dt`` the env's control period in seconds, ``clip`` the largest energy one transition
+        adds); until some stored episode has energy, sampling stays uniform."""
+        if not dt > 0:
+            raise ValueError(f"energy-based prioritization needs the env's control period (env.dt > 0), got {dt}")
+        self.energy_dt, self.energy_clip = float(dt), float(clip)
+        self.energy = np.zeros(self.capacity)
+        self.update_energy(np.arange(self.n_episodes))
+
+    def update_energy(self, slots: np.ndarray) -> None:
+        if self.energy is not None and len(slots):
+            self.energy[slots] = trajectory_energy(self.ag[slots], self.lengths[slots], self.energy_dt, self.energy_clip)
+            self._cumulative_energy = None
 
     @classmethod
     def from_episodes(cls, episodes: Episodes, reward_fn: GoalFunction,
@@ -157,6 +210,7 @@ class EpisodeStore:
         self.n_episodes = min(self.capacity, self.n_episodes + n)
         self.n_stored += n
         self._cumulative_lengths = None
+        self.update_energy(slots)
         return slots
 
     # -- sampling -----------------------------------------------------------------------------
@@ -166,6 +220,17 @@ class EpisodeStore:
         if self._cumulative_lengths is None:
             self._cumulative_lengths = np.cumsum(self.lengths[: self.n_episodes])
         return uniform_transitions(self._cumulative_lengths, self.lengths, batch_size, rng)
+
+    def sample_batch_indices(self, batch_size: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """The (episode, t) pairs of a batch: uniform over transitions, or with energy-based
+        prioritization episodes in proportion to their energy. (Goals of other transitions,
+        futureactual's and the ``random`` strategy's, stay uniform: :meth:`sample_indices`.)"""
+        if self.energy is not None:
+            if self._cumulative_energy is None:
+                self._cumulative_energy = np.cumsum(self.energy[: self.n_episodes])
+            if self._cumulative_energy[-1] > 0:
+                return weighted_transitions(self._cumulative_energy, self.lengths, batch_size, rng)
+        return self.sample_indices(batch_size, rng)
 
     def hindsight_goals(self, episode: np.ndarray, t: np.ndarray, strategy: str, replay_k: float,
                         rng: np.random.Generator, actual_k: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
@@ -269,7 +334,7 @@ class EpisodeStore:
 
     def sample(self, batch_size: int, strategy: str, replay_k: float, rng: np.random.Generator,
                actual_k: float = 0.0, n_step: int = 1, gamma: float = 1.0) -> dict:
-        episode, t = self.sample_indices(batch_size, rng)
+        episode, t = self.sample_batch_indices(batch_size, rng)
         goals, relabelled = self.hindsight_goals(episode, t, strategy, replay_k, rng, actual_k)
         batch = self.transitions(episode, t, goals, relabelled, n_step, gamma)
         batch["relabelled"] = relabelled
@@ -346,6 +411,7 @@ class ReplayBuffer(EpisodeStore):
         self.next_slot, self.n_episodes = int(ring["next_slot"]), int(ring["n_episodes"])
         self.n_stored = int(ring.get("n_stored", self.n_episodes))
         self._cumulative_lengths = None
+        self.update_energy(np.arange(self.n_episodes))  # a function of the stored episodes: not saved
         if self.priorities is not None and priority_leaves is not None:
             self.priorities.tree.update(np.arange(len(priority_leaves)), priority_leaves)
             self.priorities.max_priority = float(ring["max_priority"])
