@@ -117,12 +117,18 @@ class TrainConfig:
     torch_threads: int = setting(1, "PyTorch threads per rank (ranks, not threads, should use the cores)")
     sync_check_every: int = setting(100, "updates between checks that all ranks hold identical parameters (0: "
                                          "only after each epoch)")
+    stop_success: float | None = setting(None, "stop after the first evaluation whose test success rate reaches "
+                                               "this (null: train every epoch)")
 
     def validate(self, path: str) -> None:
         for name in ("n_epochs", "n_cycles", "batch_size", "rollouts_per_rank", "torch_threads"):
             check(getattr(self, name) >= 1, f"{path}.{name}", getattr(self, name), "an integer >= 1")
         for name in ("n_batches", "n_test_episodes", "seed", "sync_check_every"):
             check(getattr(self, name) >= 0, f"{path}.{name}", getattr(self, name), "an integer >= 0")
+        check(self.stop_success is None or 0.0 < self.stop_success <= 1.0, f"{path}.stop_success",
+              self.stop_success, "a success rate in (0, 1] or null")
+        check(self.stop_success is None or self.n_test_episodes > 0 or bool(self.n_test_rollouts),
+              f"{path}.stop_success", self.stop_success, "null when no test episodes are run (n_test_episodes 0)")
         check(self.n_test_rollouts is None or self.n_test_rollouts >= 0, f"{path}.n_test_rollouts",
               self.n_test_rollouts, "an integer >= 0 or null")
         if self.n_test_rollouts is not None:

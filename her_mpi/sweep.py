@@ -96,6 +96,9 @@ def plan(recipes: list[str], seeds: list[int], n_ranks: int, overrides: list[str
         for seed in seeds:
             run_overrides = [*overrides, f"train.seed={seed}", "checkpoint.save_buffer=true"]
             config = load_config(recipe, run_overrides)
+            if config.train.stop_success is not None:
+                raise ConfigError(f"train.stop_success = {config.train.stop_success} ({recipe}) would end runs before "
+                                  "their budget, but a sweep compares runs at equal budgets; expected null")
             runs.append(Run(recipe, name, seed, out / name / f"seed{seed}", config.train.n_epochs,
                             run_overrides, list(overrides)))
     return runs

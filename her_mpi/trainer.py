@@ -224,12 +224,24 @@ class Trainer:
             with StopSignals() as self.signals:
                 for epoch in range(self.start_epoch, train.n_epochs):
                     row = self._run_epoch(epoch)
+                    if self.solved(row):
+                        break
         finally:
             if self.logger is not None:
                 self.logger.close()
             if self.video is not None:
                 self.video.close()
         return row
+
+    def solved(self, row: dict) -> bool:
+        """Whether the epoch's test success (the same on every rank) reached ``train.stop_success``."""
+        goal = self.config.train.stop_success
+        if goal is None or not row.get("test_success_rate", 0.0) >= goal - 1e-9:  # k/n rates vs a decimal
+            return False
+        if mpi.is_root():
+            print(f"her_mpi: test success {row['test_success_rate']:.3f} reached train.stop_success = {goal} "
+                  f"after epoch {int(row['epoch'])}; stopping", flush=True)
+        return True
 
     def close(self) -> None:
         """Close the envs (their simulators and renderers); the trainer cannot collect afterwards."""
@@ -287,7 +299,7 @@ class Trainer:
                  **progress.timing,
                  "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # per rank
         if test is not None:  # every rank ran as many test episodes: the mean of means is exact
-            local["test_success_rate"] = float(test.success.mean())
+            local["test_success_rate"] = float(test.success.mean(dtype=np.float64))
             local["test_return"] = float(test.rewards.sum(axis=1).mean())
             local["test_episodes"] = float(len(test) * self.size)
         metrics = [m for m in progress.metrics if m]

@@ -21,7 +21,7 @@ def train(tmp_path, recipe, *overrides, epochs=2):
 
 @pytest.mark.parametrize("algo", sorted(REACH_RECIPES))
 def test_fetch_reach_is_solved_within_two_epochs(tmp_path, algo):
-    success = train(tmp_path, REACH_RECIPES[algo])
+    success = train(tmp_path, REACH_RECIPES[algo], "--set", "train.stop_success=0.9")
     assert max(success) >= 0.9, f"{algo} test success per epoch: {success}"
 
 
@@ -43,7 +43,8 @@ def bitflip_success(tmp_path, *overrides, epochs=1):
 # Importance weights (beta annealed from 0.4) slow prioritized replay's start: it gets 2 epochs.
 @pytest.mark.parametrize("prioritized, epochs", [(False, 1), (True, 2)])
 def test_dqn_with_hindsight_solves_10_bit_flipping(tmp_path, prioritized, epochs):
-    success = bitflip_success(tmp_path, "--set", f"replay.prioritized={str(prioritized).lower()}", epochs=epochs)
+    success = bitflip_success(tmp_path, "--set", f"replay.prioritized={str(prioritized).lower()}",
+                              "--set", "train.stop_success=0.9", epochs=epochs)
     assert success >= 0.9, success
 
 
@@ -60,7 +61,7 @@ def run_recipe(tmp_path, recipe, epochs, *overrides, name="run"):
 
 
 def test_htrpo_solves_8_bit_flipping(tmp_path):
-    success = run_recipe(tmp_path, "configs/bitflip_8_htrpo.yaml", 12)
+    success = run_recipe(tmp_path, "configs/bitflip_8_htrpo.yaml", 12, "--set", "train.stop_success=0.9")
     assert max(success) >= 0.9, success
 
 
@@ -72,5 +73,5 @@ def test_ppo_her_beats_ppo_on_predator_prey_at_equal_budget(tmp_path):
 
 
 def test_htrpo_solves_continuous_fetch_reach(tmp_path):
-    success = run_recipe(tmp_path, "configs/fetch_reach_htrpo.yaml", 10)
+    success = run_recipe(tmp_path, "configs/fetch_reach_htrpo.yaml", 10, "--set", "train.stop_success=0.9")
     assert max(success) >= 0.9, success

@@ -43,7 +43,7 @@ FAST_REACH = ["--set", "train.n_epochs=10", "--set", "train.n_cycles=5", "--set"
 # for goals near its rays and never turning back after a miss. The paper reports 100 %; what the full
 # recipe (fetch_reach_discrete_htrpo, up to 320k steps) reaches is not measured yet.
 def test_htrpo_learns_fetch_reach_discrete(tmp_path):
-    success = train(tmp_path / "run", "fetch_reach_discrete_htrpo", *FAST_REACH)
+    success = train(tmp_path / "run", "fetch_reach_discrete_htrpo", *FAST_REACH, "--set", "train.stop_success=0.45")
     assert max(success) >= 0.45, success  # untrained: 0.05-0.11; measured best 0.60-0.74 on 3 seeds
 
 

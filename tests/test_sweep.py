@@ -137,6 +137,7 @@ def test_sweep_stopped_mid_run_resumes_where_it_was(tmp_path):
     (["--config", "fetch_push_td3", "--np", "0"], "--np 0"),
     (["--config", "fetch_push_td3", "--parallel", "0"], "--parallel 0"),
     (["--config", "fetch_push_td3", "--set", "train.n_epoch=3"], "did you mean 'train.n_epochs'"),
+    (["--config", "fetch_push_td3", "--set", "train.stop_success=0.9"], "compares runs at equal budgets"),
 ])
 def test_sweep_rejects_bad_input_before_anything_starts(tmp_path, args, message):
     result = sweep(tmp_path / "out", *args)

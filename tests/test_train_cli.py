@@ -145,6 +145,18 @@ def fails_with(args, *fragments, n=2):
     return result
 
 
+def test_training_stops_at_the_first_evaluation_that_reaches_stop_success(tmp_path):
+    run_dir = tmp_path / "run"
+    # no gradient updates: the untrained policy's test success (0, 0, 0.02 with seed 0) decides
+    result = run_mpi(2, ["-m", "her_mpi.train", "--run-dir", run_dir, "--set", "train.n_epochs=6",
+                         "--set", "train.n_cycles=1", "--set", "train.n_batches=0", "--set", "train.n_test_episodes=50",
+                         "--set", "log.tensorboard=false", "--set", "train.stop_success=0.02"])
+    assert result.returncode == 0, describe(result)
+    success = [float(r["test_success_rate"]) for r in read_progress(run_dir)]
+    assert len(success) < 6 and success[-1] >= 0.02 and all(s < 0.02 for s in success[:-1]), success
+    assert f"reached train.stop_success = 0.02 after epoch {len(success) - 1}; stopping" in result.stdout
+
+
 def test_unknown_config_key(tmp_path):
     fails_with(["--run-dir", tmp_path, "--set", "train.n_cyles=3"], "'train.n_cyles'", "did you mean 'train.n_cycles'")
 
@@ -152,6 +164,7 @@ def test_unknown_config_key(tmp_path):
 def test_value_of_the_wrong_type_or_range(tmp_path):
     fails_with(["--run-dir", tmp_path, "--set", "train.batch_size=big"], "train.batch_size", "expected an integer")
     fails_with(["--run-dir", tmp_path, "--set", "replay.replay_k=-1"], "replay.replay_k", "-1", ">= 0")
+    fails_with(["--run-dir", tmp_path, "--set", "train.stop_success=1.5"], "train.stop_success", "1.5", "(0, 1]")
 
 
 def test_unknown_env_lists_known_ones(tmp_path):
