@@ -170,6 +170,21 @@ def test_htrpo_weights_are_the_papers_trajectory_normalised_sum():
     assert divergence == pytest.approx((1 - 0.9) * 0.5 * 0.1 ** 2 * expected.sum(), rel=1e-5)
 
 
+@pytest.mark.parametrize("algo", ["htrpo", "hpg"])
+def test_entropy_bonus_adds_the_weighted_entropy_of_each_row_to_the_objective(algo):
+    ag = np.array([[[0.0], [1.0], [2.0], [3.0], [4.0]], [[0.0], [-1.0], [-2.0], [-3.0], [-4.0]]], np.float32)
+    plain, _ = predator_prey_agent(algo, "algo.gamma=0.9")
+    bonus, _ = predator_prey_agent(algo, "algo.gamma=0.9", "algo.entropy_coef=0.3")
+    goals = np.array([[2.0], [-1.0]], np.float32)
+    batch, _ = plain.build_batch(predator_prey_episodes(ag, 9.0), goals)
+    batch["advantages"] = torch.linspace(-1.0, 1.0, len(batch["x"]))
+    with torch.no_grad():
+        entropy = plain.policy_net.entropy(batch["x"])
+        expected = plain.surrogate(batch) + 0.3 * (batch["coefficients"] * entropy).sum()
+        torch.testing.assert_close(bonus.surrogate(batch), expected)  # same seed: same networks
+    assert float((batch["coefficients"] * entropy).sum()) != 0
+
+
 def test_htrpo_ended_copies_stay_in_the_normaliser_with_their_last_ratio():
     agent, _ = predator_prey_agent("htrpo")
     ag = np.array([[[0.0], [1.0], [2.0], [3.0]], [[0.0], [-1.0], [-2.0], [-3.0]]], np.float32)

@@ -70,9 +70,12 @@ class HindsightParams(OnPolicyParams):
     gae_lambda: float = setting(0.0, "GAE lambda (0: TD(0) advantages and targets, as in the authors' code)")
     critic_iters: int = setting(20, "value-network gradient steps per iteration")
     critic_batch_size: int = setting(0, "rows per value-network step (0: the full batch)")
+    entropy_coef: float = setting(0.0, "weight of an entropy bonus in the objective, each row's entropy weighted as "
+                                       "its surrogate term (0: none, as in the paper)")
 
     def validate(self, path: str) -> None:
         super().validate(path)
+        check(self.entropy_coef >= 0, f"{path}.entropy_coef", self.entropy_coef, "a number >= 0")
         check(self.critic_iters >= 1, f"{path}.critic_iters", self.critic_iters, "an integer >= 1")
         for name in ("n_goals", "critic_batch_size"):
             check(getattr(self, name) >= 0, f"{path}.{name}", getattr(self, name), "an integer >= 0")
@@ -288,7 +291,10 @@ class HindsightAgent(OnPolicyAgent):
     def surrogate(self, batch) -> torch.Tensor:
         """This rank's part of the weighted importance-sampled objective (sum over ranks = total)."""
         ratio = (self.policy_net.log_prob(batch["x"], batch["actions"]) - batch["old_log_prob"]).exp()
-        return (batch["coefficients"] * ratio * batch["advantages"]).sum()
+        objective = (batch["coefficients"] * ratio * batch["advantages"]).sum()
+        if self.params.entropy_coef:  # keeps the policy from collapsing onto one dash (FetchReachDiscrete)
+            objective = objective + self.params.entropy_coef * (batch["coefficients"] * self.policy_net.entropy(batch["x"])).sum()
+        return objective
 
     def divergence(self, batch, rows: torch.Tensor | None = None, kl: str = "qkl") -> torch.Tensor:
         """This rank's part of the trust-region quantity D (paper units, module docstring) between
