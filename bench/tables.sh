@@ -6,6 +6,7 @@
 #
 #     bench/tables.sh push            # FetchPush 300k: TD3, td3_fast, SAC, TD3/DDPG+KFAC, DDPG (3 seeds)
 #     bench/tables.sh push_ablation   # td3_fast's levers one at a time, 5 seeds (issue 12)
+#     bench/tables.sh push_levers     # TD3 + energy prioritization, TD3 + batch 512 (issue 12)
 #     bench/tables.sh other_tasks     # PickAndPlace 600k, Slide 600k, HandReach 500k (2 seeds; RECIPE=td3)
 #     bench/tables.sh htrpo_discrete  # HTRPO FetchReach/PushDiscrete (issue 13)
 #
@@ -38,6 +39,13 @@ push_ablation)  # issue 12: each of td3_fast's levers alone on TD3 (td3 and td3_
         sweep push_ablation/futureactual22 --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30 \
             --set replay.replay_k=2 --set replay.actual_k=2
     done ;;
+push_levers)  # issue 12: energy-based episode prioritization, and twice the samples replayed per env step
+    for seed in 0 1 2; do
+        sweep push_levers/energy --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30 \
+            --set replay.episode_priority=energy
+        sweep push_levers/batch512 --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30 \
+            --set train.batch_size=512
+    done ;;
 other_tasks)  # issue 11: the best Push recipe on the other robotics tasks, 2 seeds
     recipe="${RECIPE:-td3}"
     for seed in 0 1; do
@@ -50,6 +58,6 @@ htrpo_discrete)  # issue 13: HTRPO on the discrete Fetch tasks (the recipes' own
         sweep htrpo_discrete --config fetch_reach_discrete_htrpo --config fetch_push_discrete_htrpo --seeds "$seed"
     done ;;
 *)
-    echo "usage: bench/tables.sh push|push_ablation|other_tasks|htrpo_discrete" >&2
+    echo "usage: bench/tables.sh push|push_ablation|push_levers|other_tasks|htrpo_discrete" >&2
     exit 2 ;;
 esac
