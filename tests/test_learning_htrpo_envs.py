@@ -21,30 +21,29 @@ def train(run_dir, recipe, *overrides):
 
 
 # A budget for 2 cores: 800-step iterations (8 episodes per rank), 16 hindsight goals, the
-# episodes' own goals too, and 2x64 networks instead of the paper's 1,600 steps, 100 goals and
-# 3x256 (fetch_reach_discrete_htrpo), 10 epochs (<= 40k steps: 50 iterations of <= 800).
+# episodes' own goals too, 2x64 networks and an entropy bonus instead of the paper's 1,600 steps,
+# 100 goals, 3x256 and none (fetch_reach_discrete_htrpo), 10 epochs (<= 40k steps: 50 iterations of <= 800).
 FAST_REACH = ["--set", "train.n_epochs=10", "--set", "train.n_cycles=5", "--set", "train.rollouts_per_rank=8",
               "--set", "algo.hidden=[64, 64]", "--set", "algo.n_goals=16", "--set", "algo.max_kl=1.0e-3",
               "--set", "algo.cg_damping=5.0e-5", "--set", "algo.gae_lambda=0.95", "--set", "algo.original_goals=true",
-              "--set", "train.n_test_episodes=50"]
+              "--set", "algo.entropy_coef=0.5", "--set", "train.n_test_episodes=50"]
 
 
 # Issue 13 asks for >= 0.9 here; not reached yet, so this asserts what the budget does reliably
 # (learning, far above an untrained policy) and the shortfall is reported, not hidden behind an
-# xfail. The env matches notes section 8 (action map, clipping, command
-# in the observation, end at first success, vectorised reward); an untrained policy succeeds on
-# 5-6 % of episodes (greedy and sampled, 3 inits). Measured at np=2 on a loaded machine, this budget
-# reached at best (max over the 10 epochs, 50 test episodes each) 0.60 / 0.74 / 0.72 with
-# train.seed=0 / 1 / 2, and 0.72 over 24 epochs (54k steps, seed 0; 0.34-0.72 from epoch 3 on).
-# Neighbours on seed 0, 10 epochs: 16 episodes per rank with 40 critic steps 0.66, kl: analytic
-# 0.60, n_goals 4 0.36, n_goals 64 0.28 by epoch 4; earlier, max_kl 5e-4 to 2e-3 and damping 5e-5
-# to 1e-3 gave 0.36-0.86. Every run plateaus: the policy's entropy falls to ~0.3 nats (analytic KL:
-# ~0.8) by epoch 5 and the greedy policy dashes diagonally at full command, succeeding in ~3 steps
-# for goals near its rays and never turning back after a miss. The paper reports 100 %; what the full
-# recipe (fetch_reach_discrete_htrpo, up to 320k steps) reaches is not measured yet.
+# xfail. The env matches notes section 8 (action map, clipping, command in the observation, end at
+# first success, vectorised reward); an untrained policy succeeds on 5-6 % of episodes (greedy and
+# sampled, 3 inits). Without an entropy bonus every run plateaued: the policy's entropy fell from
+# 2.1 to ~0.3 nats by epoch 5 and the greedy policy dashed diagonally at full command, succeeding in
+# ~3 steps for goals near its rays and never turning back after a miss; this budget's best epoch
+# (max over 10, 50 test episodes each) was 0.60 / 0.74 / 0.72 with train.seed 0 / 1 / 2.
+# algo.entropy_coef (np=2, loaded machine, seed 0): 0.02 -> 0.46 (entropy still 0.3), 0.1 -> 0.72
+# (0.3), 0.5 -> 0.78 (0.7), 1.0 and 2.0 -> 0.24 and 0.20 (the policy stays uniform: 2.47 nats).
+# With 0.5 the best epoch is 0.78 / 0.80 / 0.82 on seeds 0 / 1 / 2, and 25 epochs on seed 0 stay
+# at 0.72-0.86 from epoch 9 on (41k steps): a plateau below the paper's 100 %.
 def test_htrpo_learns_fetch_reach_discrete(tmp_path):
-    success = train(tmp_path / "run", "fetch_reach_discrete_htrpo", *FAST_REACH, "--set", "train.stop_success=0.45")
-    assert max(success) >= 0.45, success  # untrained: 0.05-0.11; measured best 0.60-0.74 on 3 seeds
+    success = train(tmp_path / "run", "fetch_reach_discrete_htrpo", *FAST_REACH, "--set", "train.stop_success=0.6")
+    assert max(success) >= 0.6, success  # untrained: 0.05-0.11; measured best 0.78-0.82 on 3 seeds
 
 
 # Ms. Pac-Man, DQN+HER: goals along the start corridor (row 8) on both sides of the start cell
