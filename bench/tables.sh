@@ -6,7 +6,7 @@
 #
 #     bench/tables.sh push            # FetchPush 300k: TD3, td3_fast, SAC, TD3/DDPG+KFAC, DDPG (3 seeds)
 #     bench/tables.sh push_ablation   # td3_fast's levers one at a time, 5 seeds (issue 12)
-#     bench/tables.sh push_levers     # TD3 + energy prioritization, TD3 + batch 512 (issue 12)
+#     bench/tables.sh push_levers     # TD3 + energy prioritization, 2x updates, batch 512 (issue 12)
 #     bench/tables.sh other_tasks     # PickAndPlace 600k, Slide 600k, HandReach 500k (2 seeds; RECIPE=td3)
 #     bench/tables.sh htrpo_discrete  # HTRPO FetchReach/PushDiscrete (issue 13)
 #
@@ -39,8 +39,11 @@ push_ablation)  # issue 12: each of td3_fast's levers alone on TD3 (td3 and td3_
         sweep push_ablation/futureactual22 --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30 \
             --set replay.replay_k=2 --set replay.actual_k=2
     done ;;
-push_levers)  # issue 12: energy-based episode prioritization, and twice the samples replayed per env step
+push_levers)  # issue 12: energy-based episode prioritization; twice the samples replayed per env step, as
+    # twice the updates (n_batches 80: 0.4 updates per env step at np=2, baselines' rate at np=1) or as batch 512
     for seed in 0 1 2; do
+        sweep push_levers/updates80 --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30 \
+            --set train.n_batches=80
         sweep push_levers/energy --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30 \
             --set replay.episode_priority=energy
         sweep push_levers/batch512 --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30 \
