@@ -20,42 +20,37 @@ import numpy as np
 
 from common import save
 
-from her_mpi.envs import make_env
 from her_mpi.evaluate import load_policy
+from her_mpi.rollout import RolloutWorker
 from her_mpi.settings import EnvConfig
 
 
 def contact(checkpoint: str, n_episodes: int, seed: int) -> dict:
     act, config, source, _ = load_policy(SimpleNamespace(checkpoint=checkpoint, policy=None))
-    env_id = config["env"]["id"]
-    env = make_env(EnvConfig(env_id, config["env"].get("kwargs", {})), seed)
-    moved, closest, start, end, success = [], [], [], [], []
-    for episode in range(n_episodes):
-        o, _ = env.reset(seed=seed + episode)
-        object_start, nearest = o["achieved_goal"].copy(), np.inf
-        for _ in range(env.spec.max_episode_steps or 50):
-            o, _, terminated, truncated, info = env.step(act(o["observation"][None].astype(np.float32),
-                                                             o["desired_goal"][None].astype(np.float32))[0])
-            nearest = min(nearest, float(np.linalg.norm(o["observation"][:3] - o["observation"][3:6])))
-            if terminated or truncated:
-                break
-        moved.append(float(np.linalg.norm(o["achieved_goal"] - object_start)))
-        closest.append(nearest)
-        start.append(float(np.linalg.norm(object_start - o["desired_goal"])))
-        end.append(float(np.linalg.norm(o["achieved_goal"] - o["desired_goal"])))
-        success.append(float(info.get("is_success", 0.0)))
-    env.close()
-    return {"policy": source, "env": env_id, "episodes": n_episodes, "success": float(np.mean(success)),
-            "object_moved_2cm": float(np.mean(np.array(moved) > 0.02)), "mean_displacement_m": float(np.mean(moved)),
-            "median_closest_gripper_object_m": float(np.median(closest)),
-            "goal_distance_start_m": float(np.mean(start)), "goal_distance_end_m": float(np.mean(end))}
+    env = config["env"]
+    worker = RolloutWorker(EnvConfig(env["id"], env.get("kwargs", {}), env.get("max_episode_steps")),
+                           min(10, n_episodes), np.random.SeedSequence(seed))
+    try:  # the same seed gives every checkpoint the same episodes
+        episodes = worker.generate(act, n_episodes, env_units=True)
+    finally:
+        worker.close()
+    # Fetch observations start with the gripper's position, then the object's; arrays past an
+    # episode's end repeat its last entry, so [:, -1] is where it ended
+    gripper, thing = episodes.obs[:, 1:, :3], episodes.obs[:, 1:, 3:6]
+    moved = np.linalg.norm(episodes.ag[:, -1] - episodes.ag[:, 0], axis=-1)
+    goal = episodes.g[:, -1]
+    return {"policy": source, "env": env["id"], "episodes": n_episodes, "success": float(episodes.success.mean()),
+            "object_moved_2cm": float(np.mean(moved > 0.02)), "mean_displacement_m": float(np.mean(moved)),
+            "median_closest_gripper_object_m": float(np.median(np.linalg.norm(gripper - thing, axis=-1).min(axis=1))),
+            "goal_distance_start_m": float(np.mean(np.linalg.norm(episodes.ag[:, 0] - goal, axis=-1))),
+            "goal_distance_end_m": float(np.mean(np.linalg.norm(episodes.ag[:, -1] - goal, axis=-1)))}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoints", nargs="+", help="run directories or checkpoint files of Fetch object tasks")
     parser.add_argument("--episodes", type=int, default=40)
-    parser.add_argument("--seed", type=int, default=1000, help="episode e resets with seed + e")
+    parser.add_argument("--seed", type=int, default=1000, help="seed of the episodes (the same for every checkpoint)")
     parser.add_argument("--name", help="also save the rows to bench/results/NAME.json")
     args = parser.parse_args()
     rows = []

@@ -171,11 +171,11 @@ class OffPolicyAgent(Agent):
                                    obs_dtype=np.dtype(spec.obs_dtype),
                                    timeout_reward=goal_fns.timeout_reward if goal_fns else 0.0)
         if replay.episode_priority == "energy":
-            if spec.goal_dim % 3 or not spec.control_period > 0:
-                raise ConfigError(f"replay.episode_priority = 'energy' needs goals that are 3-D positions and the "
-                                  f"env's control period; {spec.env_id} has goal_dim {spec.goal_dim} and dt "
-                                  f"{spec.control_period}; expected episode_priority none for this env")
-            self.buffer.prioritize_by_energy(spec.control_period, replay.energy_clip)
+            try:
+                self.buffer.prioritize_by_energy(spec.control_period, replay.energy_clip)
+            except ValueError as exc:
+                raise ConfigError(f"replay.episode_priority = 'energy' on {spec.env_id}: {exc}; expected "
+                                  f"episode_priority none for this env") from None
         self.target_pairs: list[tuple[torch.Tensor, torch.Tensor]] = []  # (target, online) flat
 
     @abstractmethod

@@ -173,8 +173,10 @@ class EpisodeStore:
         """Sample episodes in proportion to their trajectory energy (:func:`trajectory_energy`,
         ``dt`` the env's control period in seconds, ``clip`` the largest energy one transition
         adds); until some stored episode has energy, sampling stays uniform."""
-        if not dt > 0:
-            raise ValueError(f"energy-based prioritization needs the env's control period (env.dt > 0), got {dt}")
+        goal_dim = self.ag.shape[-1]
+        if goal_dim % 3 or not dt > 0:
+            raise ValueError(f"energy-based prioritization needs goals that are 3-D positions and the env's control "
+                             f"period (env.dt > 0); got goal_dim {goal_dim} and dt {dt}")
         self.energy_dt, self.energy_clip = float(dt), float(clip)
         self.energy = np.zeros(self.capacity)
         self.update_energy(np.arange(self.n_episodes))
