@@ -117,13 +117,17 @@ class TrainConfig:
     torch_threads: int = setting(1, "PyTorch threads per rank (ranks, not threads, should use the cores)")
     sync_check_every: int = setting(100, "updates between checks that all ranks hold identical parameters (0: "
                                          "only after each epoch)")
+    # A policy that has learnt nothing acts almost the same in every state (Fetch: the arm drifts
+    # to one side); uniform actions first fill replay with varied outcomes (mrl's initial_explore).
+    random_steps: int = setting(0, "off-policy algorithms: uniformly random actions for the first this many env "
+                                   "steps (all ranks together); learning runs as usual meanwhile")
     stop_success: float | None = setting(None, "stop after the first evaluation whose test success rate reaches "
                                                "this (null: train every epoch)")
 
     def validate(self, path: str) -> None:
         for name in ("n_epochs", "n_cycles", "batch_size", "rollouts_per_rank", "torch_threads"):
             check(getattr(self, name) >= 1, f"{path}.{name}", getattr(self, name), "an integer >= 1")
-        for name in ("n_batches", "n_test_episodes", "seed", "sync_check_every"):
+        for name in ("n_batches", "n_test_episodes", "seed", "sync_check_every", "random_steps"):
             check(getattr(self, name) >= 0, f"{path}.{name}", getattr(self, name), "an integer >= 0")
         check(self.stop_success is None or 0.0 < self.stop_success <= 1.0, f"{path}.stop_success",
               self.stop_success, "a success rate in (0, 1] or null")

@@ -256,8 +256,7 @@ class Trainer:
         start = time.perf_counter() - progress.elapsed_s
         while progress.cycles_done < train.n_cycles:
             tick = time.perf_counter()
-            episodes = self.worker.generate(lambda o, g: self.agent.act(o, g, explore=True),
-                                            train.rollouts_per_rank)
+            episodes = self.worker.generate(self._behaviour(), train.rollouts_per_rank)
             self.env_steps_per_rank += episodes.n_steps
             progress.train_success.append(float(episodes.success.mean()))
             tock = time.perf_counter()
@@ -293,6 +292,14 @@ class Trainer:
         if self.preempted_by is not None and epoch + 1 < train.n_epochs:
             raise Preempted(self._preempted_message(epoch + 1, 0))
         return row
+
+    def _behaviour(self):
+        """The next cycle's policy: uniformly random until this rank's share of train.random_steps
+        is collected (a whole cycle at a time), then the agent's exploration policy."""
+        collected = self.resumed_env_steps + (self.env_steps_per_rank - self.resumed_env_steps_per_rank) * self.size
+        if collected < self.config.train.random_steps:
+            return lambda obs, g: self.agent.random_actions(len(obs))
+        return lambda obs, g: self.agent.act(obs, g, explore=True)
 
     def _epoch_row(self, epoch: int, progress: EpochProgress, test, start: float) -> dict:
         local = {"train_success_rate": float(np.mean(progress.train_success)) if progress.train_success else float("nan"),

@@ -287,3 +287,49 @@ def test_energy_prioritization_settings_are_checked():
     with pytest.raises(ConfigError, match="goal_dim 10"):
         build_agent(config, env_spec(env, config.env.id), env, np.random.SeedSequence(0))
     env.close()
+
+
+# -- random warm-up actions (train.random_steps) ------------------------------------------------
+
+
+def test_random_steps_act_uniformly_for_whole_cycles_then_hand_over_to_the_policy(tmp_path):
+    from her_mpi.config import load_config
+    from her_mpi.trainer import Trainer
+
+    # FetchReach: 2 episodes of 50 steps per cycle; 150 random steps -> cycles 1 and 2 are random
+    config = load_config("fetch_reach_ddpg", ["train.n_epochs=1", "train.n_cycles=4", "train.n_batches=1",
+                                              "train.n_test_episodes=0", "train.random_steps=150",
+                                              "log.tensorboard=false"])
+    trainer = Trainer(config, tmp_path / "run")
+    calls = []
+    act, random_actions = trainer.agent.act, trainer.agent.random_actions
+    trainer.agent.act = lambda obs, g, explore: calls.append("policy") or act(obs, g, explore)
+    trainer.agent.random_actions = lambda n: calls.append("random") or random_actions(n)
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
+    assert calls == ["random"] * 100 + ["policy"] * 100
+    warm_up = trainer.agent.buffer.actions[:4]  # the first two cycles' episodes
+    assert warm_up.min() >= -1 and warm_up.max() <= 1
+    assert abs(warm_up.mean()) < 0.05 and abs(warm_up.std() - 1 / np.sqrt(3)) < 0.03  # U(-1, 1)
+
+
+def test_random_actions_of_a_discrete_agent_cover_every_action():
+    from her_mpi.config import load_config
+    from her_mpi.envs import env_spec, make_env
+    from her_mpi.trainer import build_agent
+
+    config = load_config("bitflip_10_dqn", [])
+    env = make_env(config.env, 0)
+    agent = build_agent(config, env_spec(env, config.env.id), env)
+    actions = agent.random_actions(5000)
+    assert actions.shape == (5000, 1) and actions.dtype.kind == "i"
+    assert set(np.unique(actions)) == set(range(10))
+
+
+def test_on_policy_algorithms_refuse_random_steps():
+    from her_mpi.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="train.random_steps"):
+        load_config("fetch_reach_htrpo", ["train.random_steps=1000"])

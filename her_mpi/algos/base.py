@@ -53,6 +53,12 @@ class Agent(ABC):
     def act(self, obs: np.ndarray, g: np.ndarray, explore: bool) -> np.ndarray:
         """Actions for a batch: in [-1, 1] for continuous envs, int indices for discrete ones."""
 
+    def random_actions(self, n: int) -> np.ndarray:
+        """Uniformly random actions for n envs, as ``act`` returns them (train.random_steps)."""
+        if self.spec.discrete:
+            return self.rng.integers(0, self.spec.n_actions, (n, 1))
+        return self.rng.uniform(-1.0, 1.0, (n, self.spec.action_dim)).astype(np.float32)
+
     @abstractmethod
     def learn(self, episodes: Episodes) -> dict[str, float]:
         """Learn from this rank's newly collected episodes (a collective: all ranks call it)."""
