@@ -7,6 +7,7 @@
 #     bench/tables.sh push            # FetchPush 300k: TD3, td3_fast, SAC, TD3/DDPG+KFAC, DDPG (3 seeds)
 #     bench/tables.sh push_ablation   # td3_fast's levers one at a time, 5 seeds (issue 12)
 #     bench/tables.sh push_levers     # TD3 + energy prioritization, 2x updates, batch 512 (issue 12)
+#     bench/tables.sh push_mrl        # TD3 with mrl's best Fetch settings the package has (issues 11, 12)
 #     bench/tables.sh other_tasks     # PickAndPlace 600k, Slide 600k, HandReach 500k (2 seeds; RECIPE=td3)
 #     bench/tables.sh htrpo_discrete  # HTRPO FetchReach/PushDiscrete (issue 13)
 #
@@ -49,6 +50,14 @@ push_levers)  # issue 12: energy-based episode prioritization; twice the samples
         sweep push_levers/batch512 --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30 \
             --set train.batch_size=512
     done ;;
+push_mrl)  # issues 11/12: TD3 with the settings of mrl's best Fetch config that the package has (batch 2000
+    # across the 2 ranks, 0.125 updates per env step: 2.5x the samples replayed per env step of the baselines
+    # schedule at np=2; futureactual 2_2; 20% random actions, noise 0.1, action L2 0.01)
+    for seed in 0 1 2; do
+        sweep push_levers/mrl_like --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30 \
+            --set train.batch_size=1000 --set train.n_batches=25 --set replay.replay_k=2 --set replay.actual_k=2 \
+            --set algo.random_eps=0.2 --set algo.noise_eps=0.1 --set algo.action_l2=0.01
+    done ;;
 other_tasks)  # issue 11: the best Push recipe on the other robotics tasks, 2 seeds
     recipe="${RECIPE:-td3}"
     for seed in 0 1; do
@@ -61,6 +70,6 @@ htrpo_discrete)  # issue 13: HTRPO on the discrete Fetch tasks (the recipes' own
         sweep htrpo_discrete --config fetch_reach_discrete_htrpo --config fetch_push_discrete_htrpo --seeds "$seed"
     done ;;
 *)
-    echo "usage: bench/tables.sh push|push_ablation|push_levers|other_tasks|htrpo_discrete" >&2
+    echo "usage: bench/tables.sh push|push_ablation|push_levers|push_mrl|other_tasks|htrpo_discrete" >&2
     exit 2 ;;
 esac
