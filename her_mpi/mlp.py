@@ -67,33 +67,54 @@ def linear(h: torch.Tensor, layer: tuple) -> torch.Tensor:
     return torch.baddbmm(bias, h, weight_t)
 
 
-def forward_layers(x, layers, activations) -> list[torch.Tensor]:
+LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default
+
+
+def forward_layers(x, layers, activations, norms=(), normalized: list | None = None) -> list[torch.Tensor]:
     """Every layer's output after its activation: [x, y_0, ..., y_last]. ``layers``: per layer
-    :func:`layer_forms`."""
+    :func:`layer_forms`; ``norms``: per layer whether a LayerNorm (no affine parameters) follows
+    its linear map, before the activation. A training pass gives ``normalized``, a list that gets
+    per layer the (normalized output, 1/std) the LayerNorm's derivative needs, or None."""
     outputs = [x]
     h = x
-    for (weight, weight_t, bias), activation in zip(layers, activations):
+    for i, ((weight, weight_t, bias), activation) in enumerate(zip(layers, activations)):
         if weight.dim() == 2:
             h = torch.addmm(bias, h, weight_t)
         else:
             if h.dim() == 2:
                 h = h.expand(weight.shape[0], *h.shape)
             h = torch.baddbmm(bias, h, weight_t)
+        kept = None
+        if norms and norms[i]:
+            if normalized is None:  # F.layer_norm: differentiable twice and exported to ONNX as LayerNormalization
+                h = F.layer_norm(h, h.shape[-1:], eps=LAYER_NORM_EPS)
+            else:
+                h, _, rstd = torch.native_layer_norm(h, h.shape[-1:], None, None, LAYER_NORM_EPS)
+                kept = (h, rstd)
+                h = h.clone() if activation else h  # the derivative needs h before the activation
+        if normalized is not None:
+            normalized.append(kept)
         if activation:
             _FORWARD[activation](h)
         outputs.append(h)
     return outputs
 
 
+def layer_norm_backward(grad: torch.Tensor, normalized: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
+    """d loss / d z of n = (z - mean z) / std z (over the last axis) from d loss / d n."""
+    projection = (grad * normalized).mean(-1, keepdim=True)
+    return (grad - grad.mean(-1, keepdim=True)).sub_(normalized * projection).mul_(rstd)
+
+
 def backward_layers(grad, layers, activations, outputs, parameter_grads=None, input_grad: bool = False,
-                    input_columns: slice | None = None):
+                    input_columns: slice | None = None, normalized: list | None = None):
     """The chain rule from ``grad`` = d loss / d output down through every layer.
 
     ``parameter_grads``: per layer the (dW, db) tensors to write the parameter gradients into, or
     None for none. ``input_columns``: only these columns of d loss / d input (e.g. the action part
     of a critic's input): the first layer's input-gradient multiply shrinks to them. Returns
     (d loss / d input if ``input_grad`` else None, [d loss / d z per layer]), z being a layer's
-    output before its activation."""
+    output before its activation (and its LayerNorm: ``normalized`` from :func:`forward_layers`)."""
     n_layers = len(layers)
     output_grads = [None] * n_layers
     for i in range(n_layers - 1, -1, -1):
@@ -101,6 +122,8 @@ def backward_layers(grad, layers, activations, outputs, parameter_grads=None, in
         if activation:  # in place, except on the caller's gradient (the top layer's)
             out = grad if i < n_layers - 1 else torch.empty_like(grad)
             grad = _DERIVATIVE[activation](grad, outputs[i + 1], out)
+        if normalized and normalized[i] is not None:
+            grad = layer_norm_backward(grad, *normalized[i])
         output_grads[i] = grad
         weight = layers[i][0]
         stacked = weight.dim() == 3
@@ -131,11 +154,13 @@ class NetworkPass:
     """A training forward of an :class:`MLP` or :class:`CriticEnsemble`: the weights it used and
     every layer's output, which is all its backward needs."""
 
-    __slots__ = ("network", "layers", "outputs", "frozen", "output")
+    __slots__ = ("network", "layers", "outputs", "frozen", "output", "normalized")
 
-    def __init__(self, network, layers, outputs, frozen: bool):
-        self.network, self.layers, self.outputs, self.frozen = network, layers, outputs, frozen
-        self.output = network.output_view(outputs[-1])  # [B, out]; ensembles [n, B, out]
+    def __init__(self, network, layers, x: torch.Tensor, frozen: bool):
+        self.network, self.layers, self.frozen = network, layers, frozen
+        self.normalized = [] if any(network.norms) else None
+        self.outputs = forward_layers(x, layers, network.activations, network.norms, self.normalized)
+        self.output = network.output_view(self.outputs[-1])  # [B, out]; ensembles [n, B, out]
 
     def backward(self, output_grad: torch.Tensor, parameters: bool = True, inputs: bool = False):
         """Write d loss / d parameters into the parameters' ``.grad`` (overwriting them) given
@@ -144,7 +169,8 @@ class NetworkPass:
             raise RuntimeError("a frozen pass (train_forward(..., frozen=True)) has no parameter gradients")
         destinations = self.network.gradient_buffers() if parameters else None
         input_grad, _ = backward_layers(output_grad.reshape(self.outputs[-1].shape), self.layers,
-                                        self.network.activations, self.outputs, destinations, inputs)
+                                        self.network.activations, self.outputs, destinations, inputs,
+                                        normalized=self.normalized)
         if destinations is not None:
             self.network.store_gradients(destinations)
         return input_grad
@@ -153,13 +179,13 @@ class NetworkPass:
         """d loss / d input only: the network as a fixed function (e.g. the critic inside the
         actor's loss); ``columns``: only those input columns (e.g. the action's)."""
         return backward_layers(output_grad.reshape(self.outputs[-1].shape), self.layers,
-                               self.network.activations, self.outputs, None, True, columns)[0]
+                               self.network.activations, self.outputs, None, True, columns, self.normalized)[0]
 
     def output_gradients(self, output_grad: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """K-FAC: for every ``nn.Linear`` (in ``modules()`` order), its input in this pass and the
         gradient of <network output, ``output_grad``> w.r.t. its output, [B, .] each."""
         _, grads = backward_layers(output_grad.reshape(self.outputs[-1].shape), self.layers,
-                                   self.network.activations, self.outputs)
+                                   self.network.activations, self.outputs, normalized=self.normalized)
         return self.network.per_linear(self.outputs[:-1], grads)
 
 
@@ -189,18 +215,26 @@ class MLP(nn.Sequential):
     """Linear layers with an activation between them and optionally after the last one.
 
     The children are those of the plain ``nn.Sequential`` this replaced (Linear, activation, ...),
-    so state-dict keys are unchanged. Glorot-uniform weights and zero biases, like baselines."""
+    so state-dict keys are unchanged. Glorot-uniform weights and zero biases, like baselines.
+    ``layer_norm``: a LayerNorm without parameters after every hidden Linear, before its
+    activation (Linear, LayerNorm, activation, ...; mrl's networks, whose LayerNorms also scale
+    and shift: here the next Linear does that), and after the last one too with ``norm_last``
+    (a body whose output feeds other layers)."""
 
     def __init__(self, in_dim: int, hidden: list[int], out_dim: int, activation: str = "relu",
-                 output_activation: type[nn.Module] | None = None):
+                 output_activation: type[nn.Module] | None = None, layer_norm: bool = False,
+                 norm_last: bool = False):
         if output_activation is not None and output_activation not in _NAMES:
             raise ValueError(f"output activation {output_activation.__name__} is not one of "
                              f"{', '.join(c.__name__ for c in _NAMES)}")
         layers, last = [], in_dim
         for width in hidden:
-            layers += [nn.Linear(last, width), ACTIVATIONS[activation]()]
+            norm = [nn.LayerNorm(width, eps=LAYER_NORM_EPS, elementwise_affine=False)] if layer_norm else []
+            layers += [nn.Linear(last, width), *norm, ACTIVATIONS[activation]()]
             last = width
         layers.append(nn.Linear(last, out_dim))
+        if layer_norm and norm_last:
+            layers.append(nn.LayerNorm(out_dim, eps=LAYER_NORM_EPS, elementwise_affine=False))
         for layer in layers:
             if isinstance(layer, nn.Linear):
                 nn.init.xavier_uniform_(layer.weight)
@@ -211,6 +245,7 @@ class MLP(nn.Sequential):
         self.linears = [layer for layer in layers if isinstance(layer, nn.Linear)]  # not re-registered
         self.first_weight = (self.linears[0].weight,)  # the caches' anchor (a plain reference)
         self.activations = tuple([activation] * len(hidden) + [_NAMES.get(output_activation)])
+        self.norms = tuple([True] * len(hidden) + [norm_last]) if layer_norm else ()
         self._cache = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -218,13 +253,12 @@ class MLP(nn.Sequential):
             layers = [layer_forms(layer.weight, layer.bias) for layer in self.linears]
         else:
             layers = self.layer_weights()
-        return forward_layers(x, layers, self.activations)[-1]
+        return forward_layers(x, layers, self.activations, self.norms)[-1]
 
     def train_forward(self, x: torch.Tensor, frozen: bool = False) -> NetworkPass:
         """A forward kept for :meth:`NetworkPass.backward`; ``frozen``: the parameters are
         constants of this pass (only input gradients will be asked for)."""
-        layers = self.layer_weights()
-        return NetworkPass(self, layers, forward_layers(x, layers, self.activations), frozen)
+        return NetworkPass(self, self.layer_weights(), x, frozen)
 
     def layer_weights(self) -> list[tuple]:
         """Per layer :func:`layer_forms` of the detached parameters; cached while the parameters
@@ -262,8 +296,8 @@ def _cached(network, kind: str, anchor: torch.Tensor, per_layer) -> list:
 
 
 def mlp(in_dim: int, hidden: list[int], out_dim: int, activation: str = "relu",
-        output_activation: type[nn.Module] | None = None) -> MLP:
-    return MLP(in_dim, hidden, out_dim, activation, output_activation)
+        output_activation: type[nn.Module] | None = None, layer_norm: bool = False, norm_last: bool = False) -> MLP:
+    return MLP(in_dim, hidden, out_dim, activation, output_activation, layer_norm, norm_last)
 
 
 class CriticEnsemble(nn.Module):
@@ -271,10 +305,10 @@ class CriticEnsemble(nn.Module):
 
     A single critic (DDPG) runs as its one MLP; its outputs get the leading axis of size 1."""
 
-    def __init__(self, in_dim: int, hidden: list[int], n: int, activation: str = "relu"):
+    def __init__(self, in_dim: int, hidden: list[int], n: int, activation: str = "relu", layer_norm: bool = False):
         super().__init__()
-        self.members = nn.ModuleList(mlp(in_dim, hidden, 1, activation) for _ in range(n))
-        self.activations = self.members[0].activations
+        self.members = nn.ModuleList(mlp(in_dim, hidden, 1, activation, layer_norm=layer_norm) for _ in range(n))
+        self.activations, self.norms = self.members[0].activations, self.members[0].norms
         self.n = n
         self._members = tuple(self.members)  # plain references (ModuleList indexing is slow Python)
         self._cache = {}
@@ -282,12 +316,11 @@ class CriticEnsemble(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled():
             return torch.stack([member(x).squeeze(-1) for member in self.members])
-        return self.output_view(forward_layers(x, self.layer_weights(), self.activations)[-1]).squeeze(-1)
+        return self.output_view(forward_layers(x, self.layer_weights(), self.activations, self.norms)[-1]).squeeze(-1)
 
     def train_forward(self, x: torch.Tensor, frozen: bool = False) -> NetworkPass:
         """As :meth:`MLP.train_forward`; the pass's output is [n, B, 1]."""
-        layers = self.layer_weights()
-        return NetworkPass(self, layers, forward_layers(x, layers, self.activations), frozen)
+        return NetworkPass(self, self.layer_weights(), x, frozen)
 
     def member(self, k: int) -> MLP:
         return self._members[k]

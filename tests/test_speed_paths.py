@@ -27,9 +27,11 @@ def sequential_reference(network: nn.Sequential, x: torch.Tensor) -> torch.Tenso
 
 @pytest.mark.parametrize("activation", ["relu", "tanh", "elu"])
 @pytest.mark.parametrize("output_activation", [None, nn.Tanh, nn.ReLU])
-def test_mlp_passes_match_autograd(activation, output_activation):
+@pytest.mark.parametrize("norms", ["", "layer_norm", "layer_norm+last"])
+def test_mlp_passes_match_autograd(activation, output_activation, norms):
     torch.manual_seed(0)
-    net = mlp(7, [16, 16], 3, activation, output_activation)
+    net = mlp(7, [16, 16], 3, activation, output_activation, layer_norm="layer_norm" in norms, norm_last="last" in norms)
+    assert sum(isinstance(m, nn.LayerNorm) for m in net) == {"": 0, "layer_norm": 2, "layer_norm+last": 3}[norms]
     FlatParameters(net)  # the optimizer's flat buffer: gradients are written into its views
     x = torch.randn(11, 7, requires_grad=True)
     output_grad = torch.randn(11, 3)
@@ -69,9 +71,10 @@ def test_mlp_autograd_forward_is_twice_differentiable():
 
 
 @pytest.mark.parametrize("flat", [True, False], ids=["flat-buffer-views", "separate-tensors"])
-def test_critic_ensemble_passes_match_its_members(flat):
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_critic_ensemble_passes_match_its_members(flat, layer_norm):
     torch.manual_seed(1)
-    critic = CriticEnsemble(9, [16, 16], 2)
+    critic = CriticEnsemble(9, [16, 16], 2, layer_norm=layer_norm)
     if flat:  # members back to back in one buffer: the stacks are strided views, not copies
         FlatParameters(critic)
     else:
@@ -118,9 +121,11 @@ def reference_factors(network: nn.Module, x: torch.Tensor, noise: torch.Tensor):
 
 
 @pytest.mark.parametrize("kind", ["actor", "critics"])
-def test_kfac_factors_match_an_autograd_sampled_pass(kind):
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_kfac_factors_match_an_autograd_sampled_pass(kind, layer_norm):
     torch.manual_seed(2)
-    network = mlp(6, [12, 12], 3, output_activation=nn.Tanh) if kind == "actor" else CriticEnsemble(6, [12, 12], 2)
+    network = mlp(6, [12, 12], 3, output_activation=nn.Tanh, layer_norm=layer_norm) if kind == "actor" \
+        else CriticEnsemble(6, [12, 12], 2, layer_norm=layer_norm)
     params = KFACParams(stat_decay=0.0, factor_every=1, inverse_every=1)
     optimizer = KFAC(network, params, generator=torch.Generator().manual_seed(5))
     x = torch.randn(10, 6)
@@ -191,8 +196,9 @@ SPECS = {
 }
 
 
-def small_agent(algo: str, hidden="[32,32]"):
-    config = load_config(None, [f"algo={algo}", f"algo.hidden={hidden}", "train.batch_size=16", "replay.size=1000"])
+def small_agent(algo: str, hidden="[32,32]", *overrides):
+    config = load_config(None, [f"algo={algo}", f"algo.hidden={hidden}", "train.batch_size=16", "replay.size=1000",
+                                *overrides])
     spec = SPECS["discrete" if algo == "dqn" else "continuous"]
     return build_agent(config, spec, seed_sequence=np.random.SeedSequence(4)), spec
 
@@ -210,10 +216,12 @@ def synthetic_batch(spec, n, seed):
     return batch
 
 
-@pytest.mark.parametrize("algo", ["ddpg", "td3", "sac", "dqn"])
-def test_updates_end_where_autograd_updates_end(algo):
-    ours, spec = small_agent(algo)
-    reference, _ = small_agent(algo)
+@pytest.mark.parametrize("algo, overrides", [("ddpg", ()), ("td3", ()), ("sac", ()), ("dqn", ()),
+                                             ("ddpg", ("algo.layer_norm=true",)), ("td3", ("algo.layer_norm=true",)),
+                                             ("sac", ("algo.layer_norm=true",))])
+def test_updates_end_where_autograd_updates_end(algo, overrides):
+    ours, spec = small_agent(algo, "[32,32]", *overrides)
+    reference, _ = small_agent(algo, "[32,32]", *overrides)
     reference_update = reference_dqn_update if algo == "dqn" else reference_actor_critic_update
     for step in range(4):
         batch = synthetic_batch(spec, 16, step)
@@ -228,7 +236,7 @@ def test_updates_end_where_autograd_updates_end(algo):
         if isinstance(tensor, torch.Tensor):
             torch.testing.assert_close(tensor, theirs[name], rtol=1e-4, atol=1e-5, msg=name)
     for name, module in ours.nets.items():
-        fresh = small_agent(algo)[0].nets[name].state_dict()
+        fresh = small_agent(algo, "[32,32]", *overrides)[0].nets[name].state_dict()
         changed += any(isinstance(t, torch.Tensor) and not torch.equal(t, fresh[k]) for k, t in module.state_dict().items())
     assert changed >= (1 if algo == "dqn" else 2)  # the updates did move the trained networks
 

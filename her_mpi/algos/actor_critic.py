@@ -26,6 +26,8 @@ class ActorCriticParams(OffPolicyParams):
     lr_critic: float = setting(1e-3, "Adam learning rate of the critics")
     n_critics: int = setting(2, "critics: 2 for the clipped double-Q target (TD3, SAC), 1 (DDPG)")
     random_eps: float = setting(0.3, "exploration: probability of a uniformly random action per step")
+    layer_norm: bool = setting(False, "a LayerNorm (no parameters of its own) after every hidden layer's linear map of "
+                                      "the actor and critics, before the activation (mrl's best Fetch networks)")
 
     def validate(self, path: str) -> None:
         super().validate(path)
@@ -44,7 +46,8 @@ class ActorCriticAgent(OffPolicyAgent):
             raise ConfigError(f"algo: {self.name} needs continuous actions but {spec.env_id} has "
                               f"{spec.n_actions} discrete actions (use algo: dqn)")
         p = self.params
-        self.critic = CriticEnsemble(self.inputs.out_dim + spec.action_dim, p.hidden, p.n_critics, p.activation)
+        self.critic = CriticEnsemble(self.inputs.out_dim + spec.action_dim, p.hidden, p.n_critics, p.activation,
+                                     p.layer_norm)
         self.critic_target, critic_target_flat = flat_target_copy(self.critic)  # before any optimizer hooks
         self.critic_optimizer = self.make_optimizer(self.critic, p.lr_critic)
         self.target_pairs.append((critic_target_flat, self.critic_optimizer.flat.param))

@@ -42,11 +42,12 @@ class SACParams(ActorCriticParams):
 class SquashedGaussianActor(nn.Module):
     """forward: the deterministic action tanh(mean); sample: a reparameterised action + log-prob."""
 
-    def __init__(self, in_dim: int, hidden: list[int], action_dim: int, activation: str):
+    def __init__(self, in_dim: int, hidden: list[int], action_dim: int, activation: str, layer_norm: bool = False):
         super().__init__()
-        # every hidden layer, the body's last one included, uses the configured activation
+        # every hidden layer, the body's last one included, uses the configured activation (and LayerNorm)
         last_activation = type(ACTIVATIONS[activation]())  # the module class of that name
-        self.body = mlp(in_dim, hidden[:-1], hidden[-1], activation, output_activation=last_activation)
+        self.body = mlp(in_dim, hidden[:-1], hidden[-1], activation, output_activation=last_activation,
+                        layer_norm=layer_norm, norm_last=True)
         self.mean = nn.Linear(hidden[-1], action_dim)
         self.log_std = nn.Linear(hidden[-1], action_dim)
 
@@ -121,7 +122,7 @@ class SAC(ActorCriticAgent):
     def __init__(self, spec, config, goal_fns, seed_sequence):
         super().__init__(spec, config, goal_fns, seed_sequence)
         p = self.params
-        self.add_actor(SquashedGaussianActor(self.inputs.out_dim, p.hidden, spec.action_dim, p.activation),
+        self.add_actor(SquashedGaussianActor(self.inputs.out_dim, p.hidden, spec.action_dim, p.activation, p.layer_norm),
                        with_target=False)
         self.temperature = Temperature(p.init_alpha)
         self.temperature_optimizer = self.make_optimizer(self.temperature, p.lr_alpha)

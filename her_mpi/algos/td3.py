@@ -65,7 +65,7 @@ class TD3(ActorCriticAgent):
         super().__init__(spec, config, goal_fns, seed_sequence)
         p = self.params
         self.add_actor(mlp(self.inputs.out_dim, p.hidden, spec.action_dim, p.activation,
-                           output_activation=nn.Tanh), with_target=True)
+                           output_activation=nn.Tanh, layer_norm=p.layer_norm), with_target=True)
         self.n_critic_updates = 0
         self.last_actor_loss = torch.zeros(())
         self.share_gradient_averaging()
