@@ -38,6 +38,24 @@ def test_discrete_policy_exports_the_greedy_action(tmp_path):
     assert result.returncode == 0 and '"env_id": "BitFlipping-v0"' in result.stdout, describe(result)
 
 
+def test_layer_norm_policy_exports_and_runs_like_torch(tmp_path):
+    run_dir, path = tmp_path / "run", tmp_path / "td3_layer_norm.onnx"
+    result = run_python(["-m", "her_mpi.train", "--run-dir", run_dir, "--set", "algo=td3", "--set", "algo.layer_norm=true",
+                         "--set", "train.n_epochs=1", *TINY])
+    assert result.returncode == 0, describe(result)
+    result = run_python(["-m", "her_mpi.export", "--checkpoint", run_dir, "--output", path])
+    assert result.returncode == 0 and "verified" in result.stdout, describe(result)
+    assert "LayerNormalization" in {node.op_type for node in onnx.load(path).graph.node}
+    from her_mpi_runtime import Policy
+
+    policy, module = Policy(path), torch_policy(run_dir / "checkpoints" / "latest.pt")
+    rng = np.random.default_rng(0)
+    obs, goals = rng.normal(size=(32, 10)).astype(np.float32), rng.normal(size=(32, 3)).astype(np.float32)
+    with torch.inference_mode():
+        expected = module(torch.from_numpy(obs), torch.from_numpy(goals)).numpy()
+    np.testing.assert_allclose(policy.act(obs, goals), expected, rtol=1e-4, atol=1e-5)
+
+
 @pytest.fixture(scope="module", params=ALGOS)
 def exported(request, tmp_path_factory):
     """A briefly trained policy of each algorithm, exported to ONNX."""
