@@ -8,6 +8,7 @@
 #     bench/tables.sh push_ablation   # td3_fast's levers one at a time, 5 seeds (issue 12)
 #     bench/tables.sh push_levers     # TD3 + energy prioritization, 2x updates, batch 512 (issue 12)
 #     bench/tables.sh push_mrl        # TD3 with mrl's best Fetch settings the package has (issues 11, 12)
+#     bench/tables.sh push_mrl_full   # ... plus LayerNorm networks and 10k random warm-up steps
 #     bench/tables.sh other_tasks     # PickAndPlace 600k, Slide 600k, HandReach 500k (2 seeds; RECIPE=td3)
 #     bench/tables.sh htrpo_discrete  # HTRPO FetchReach/PushDiscrete (issue 13)
 #
@@ -58,6 +59,13 @@ push_mrl)  # issues 11/12: TD3 with the settings of mrl's best Fetch config that
             --set train.batch_size=1000 --set train.n_batches=25 --set replay.replay_k=2 --set replay.actual_k=2 \
             --set algo.random_eps=0.2 --set algo.noise_eps=0.1 --set algo.action_l2=0.01
     done ;;
+push_mrl_full)  # push_mrl plus mrl's LayerNorm networks and 10k steps of random warm-up actions
+    for seed in 0 1 2; do
+        sweep push_levers/mrl_full --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30 \
+            --set train.batch_size=1000 --set train.n_batches=25 --set replay.replay_k=2 --set replay.actual_k=2 \
+            --set algo.random_eps=0.2 --set algo.noise_eps=0.1 --set algo.action_l2=0.01 \
+            --set algo.layer_norm=true --set train.random_steps=10000
+    done ;;
 other_tasks)  # issue 11: the best Push recipe on the other robotics tasks, 2 seeds
     recipe="${RECIPE:-td3}"
     for seed in 0 1; do
@@ -70,6 +78,6 @@ htrpo_discrete)  # issue 13: HTRPO on the discrete Fetch tasks (the recipes' own
         sweep htrpo_discrete --config fetch_reach_discrete_htrpo --config fetch_push_discrete_htrpo --seeds "$seed"
     done ;;
 *)
-    echo "usage: bench/tables.sh push|push_ablation|push_levers|push_mrl|other_tasks|htrpo_discrete" >&2
+    echo "usage: bench/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|other_tasks|htrpo_discrete" >&2
     exit 2 ;;
 esac
