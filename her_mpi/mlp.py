@@ -74,7 +74,7 @@ def forward_layers(x, layers, activations, norms=(), normalized: list | None = N
     """Every layer's output after its activation: [x, y_0, ..., y_last]. ``layers``: per layer
     :func:`layer_forms`; ``norms``: per layer whether a LayerNorm (no affine parameters) follows
     its linear map, before the activation. A training pass gives ``normalized``, a list that gets
-    per layer the (normalized output, 1/std) the LayerNorm's derivative needs, or None."""
+    per layer the (input, mean, 1/std) the LayerNorm's derivative needs, or None."""
     outputs = [x]
     h = x
     for i, ((weight, weight_t, bias), activation) in enumerate(zip(layers, activations)):
@@ -89,9 +89,9 @@ def forward_layers(x, layers, activations, norms=(), normalized: list | None = N
             if normalized is None:  # F.layer_norm: differentiable twice and exported to ONNX as LayerNormalization
                 h = F.layer_norm(h, h.shape[-1:], eps=LAYER_NORM_EPS)
             else:
-                h, _, rstd = torch.native_layer_norm(h, h.shape[-1:], None, None, LAYER_NORM_EPS)
-                kept = (h, rstd)
-                h = h.clone() if activation else h  # the derivative needs h before the activation
+                z = h  # a new tensor: the activation below works on the norm's output
+                h, mean, rstd = torch.native_layer_norm(z, z.shape[-1:], None, None, LAYER_NORM_EPS)
+                kept = (z, mean, rstd)
         if normalized is not None:
             normalized.append(kept)
         if activation:
@@ -100,10 +100,12 @@ def forward_layers(x, layers, activations, norms=(), normalized: list | None = N
     return outputs
 
 
-def layer_norm_backward(grad: torch.Tensor, normalized: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
+_native_layer_norm_backward = _aten.native_layer_norm_backward.default._op
+
+
+def layer_norm_backward(grad: torch.Tensor, z: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
     """d loss / d z of n = (z - mean z) / std z (over the last axis) from d loss / d n."""
-    projection = (grad * normalized).mean(-1, keepdim=True)
-    return (grad - grad.mean(-1, keepdim=True)).sub_(normalized * projection).mul_(rstd)
+    return _native_layer_norm_backward(grad, z, z.shape[-1:], mean, rstd, None, None, [True, False, False])[0]
 
 
 def backward_layers(grad, layers, activations, outputs, parameter_grads=None, input_grad: bool = False,
