@@ -26,6 +26,12 @@ sweep() {  # sweep TABLE ARGS...: one her_mpi.sweep into OUT/TABLE
     (cd "$TREE" && PYTHONPATH="$TREE:$TREE/export" python -m her_mpi.sweep --np 2 --out "$OUT/$table" "$@")
 }
 
+# mrl's best Fetch settings that the package has, FetchPush 300k: batch 2000 across the 2 ranks, 0.125
+# updates per env step (2.5x the samples replayed per env step of the baselines schedule at np=2),
+# futureactual 2_2, 20% random actions, noise 0.1, action L2 0.01
+MRL_SETTINGS=(--set train.n_epochs=30 --set train.batch_size=1000 --set train.n_batches=25 --set replay.replay_k=2
+              --set replay.actual_k=2 --set algo.random_eps=0.2 --set algo.noise_eps=0.1 --set algo.action_l2=0.01)
+
 case "${1:-}" in
 push)  # issue 11's FetchPush rows at 300k env steps (30 epochs of 10k at np=2)
     for seed in 0 1 2; do
@@ -51,19 +57,13 @@ push_levers)  # issue 12: energy-based episode prioritization; twice the samples
         sweep push_levers/batch512 --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30 \
             --set train.batch_size=512
     done ;;
-push_mrl)  # issues 11/12: TD3 with the settings of mrl's best Fetch config that the package has (batch 2000
-    # across the 2 ranks, 0.125 updates per env step: 2.5x the samples replayed per env step of the baselines
-    # schedule at np=2; futureactual 2_2; 20% random actions, noise 0.1, action L2 0.01)
+push_mrl)  # issues 11/12: TD3 with the settings of mrl's best Fetch config that the package has
     for seed in 0 1 2; do
-        sweep push_levers/mrl_like --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30 \
-            --set train.batch_size=1000 --set train.n_batches=25 --set replay.replay_k=2 --set replay.actual_k=2 \
-            --set algo.random_eps=0.2 --set algo.noise_eps=0.1 --set algo.action_l2=0.01
+        sweep push_levers/mrl_like --config fetch_push_td3 --seeds "$seed" "${MRL_SETTINGS[@]}"
     done ;;
 push_mrl_full)  # push_mrl plus mrl's LayerNorm networks and 10k steps of random warm-up actions
     for seed in 0 1 2; do
-        sweep push_levers/mrl_full --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30 \
-            --set train.batch_size=1000 --set train.n_batches=25 --set replay.replay_k=2 --set replay.actual_k=2 \
-            --set algo.random_eps=0.2 --set algo.noise_eps=0.1 --set algo.action_l2=0.01 \
+        sweep push_levers/mrl_full --config fetch_push_td3 --seeds "$seed" "${MRL_SETTINGS[@]}" \
             --set algo.layer_norm=true --set train.random_steps=10000
     done ;;
 other_tasks)  # issue 11: the best Push recipe on the other robotics tasks, 2 seeds

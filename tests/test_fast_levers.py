@@ -301,10 +301,23 @@ def test_random_steps_act_uniformly_for_whole_cycles_then_hand_over_to_the_polic
                                               "train.n_test_episodes=0", "train.random_steps=150",
                                               "log.tensorboard=false"])
     trainer = Trainer(config, tmp_path / "run")
-    calls = []
+    calls, acting = [], []
     act, random_actions = trainer.agent.act, trainer.agent.random_actions
-    trainer.agent.act = lambda obs, g, explore: calls.append("policy") or act(obs, g, explore)
-    trainer.agent.random_actions = lambda n: calls.append("random") or random_actions(n)
+
+    def counted_act(obs, g, explore):
+        calls.append("policy")
+        acting.append(True)
+        try:
+            return act(obs, g, explore)
+        finally:
+            acting.pop()
+
+    def counted_random_actions(n):  # the ones act() draws for its random_eps share are not warm-up
+        if not acting:
+            calls.append("random")
+        return random_actions(n)
+
+    trainer.agent.act, trainer.agent.random_actions = counted_act, counted_random_actions
     try:
         trainer.run()
     finally:

@@ -83,7 +83,7 @@ class ActorCriticAgent(OffPolicyAgent):
 
     def explore(self, action: np.ndarray) -> np.ndarray:
         """With probability random_eps per env, a uniformly random action instead."""
-        random_action = self.rng.uniform(-1.0, 1.0, action.shape).astype(np.float32)
+        random_action = self.random_actions(len(action))
         use_random = self.rng.random((len(action), 1)) < self.params.random_eps
         return np.where(use_random, random_action, action)
 

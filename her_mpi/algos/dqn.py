@@ -64,7 +64,7 @@ class DQN(OffPolicyAgent):
         with torch.inference_mode():
             action = self.q_network(self.inputs(torch.from_numpy(obs), torch.from_numpy(g))).argmax(-1).numpy()
         if explore:
-            random_action = self.rng.integers(0, self.spec.n_actions, len(action))
+            random_action = self.random_actions(len(action))[:, 0]
             action = np.where(self.rng.random(len(action)) < self.params.epsilon, random_action, action)
         return action.astype(np.int64)[:, None]
 
