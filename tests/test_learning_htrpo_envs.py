@@ -1,10 +1,12 @@
 """Learning tests on HTRPO's other environments (real MuJoCo and ALE, mpirun): a few minutes each."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
 
-from conftest import describe, read_progress, run_mpi
+from conftest import describe, read_progress, run_mpi, run_python
 from her_mpi.checkpoint import load_checkpoint
 from her_mpi.config import EnvConfig, config_from_dict
 from her_mpi.envs import EnvSpec, make_env
@@ -20,30 +22,24 @@ def train(run_dir, recipe, *overrides):
     return [float(r["test_success_rate"]) for r in read_progress(run_dir)]
 
 
-# A budget for 2 cores: 800-step iterations (8 episodes per rank), 16 hindsight goals, the
-# episodes' own goals too, 2x64 networks and an entropy bonus instead of the paper's 1,600 steps,
-# 100 goals, 3x256 and none (fetch_reach_discrete_htrpo), 10 epochs (<= 40k steps: 50 iterations of <= 800).
-FAST_REACH = ["--set", "train.n_epochs=10", "--set", "train.n_cycles=5", "--set", "train.rollouts_per_rank=8",
-              "--set", "algo.hidden=[64, 64]", "--set", "algo.n_goals=16", "--set", "algo.max_kl=1.0e-3",
-              "--set", "algo.cg_damping=5.0e-5", "--set", "algo.gae_lambda=0.95", "--set", "algo.original_goals=true",
-              "--set", "algo.entropy_coef=0.5", "--set", "train.n_test_episodes=50"]
-
-
-# Issue 13 asks for >= 0.9 here; not reached yet, so this asserts what the budget does reliably
-# (learning, far above an untrained policy) and the shortfall is reported, not hidden behind an
-# xfail. The env matches notes section 8 (action map, clipping, command in the observation, end at
-# first success, vectorised reward); an untrained policy succeeds on 5-6 % of episodes (greedy and
-# sampled, 3 inits). Without an entropy bonus every run plateaued: the policy's entropy fell from
-# 2.1 to ~0.3 nats by epoch 5 and the greedy policy dashed diagonally at full command, succeeding in
-# ~3 steps for goals near its rays and never turning back after a miss; this budget's best epoch
-# (max over 10, 50 test episodes each) was 0.60 / 0.74 / 0.72 with train.seed 0 / 1 / 2.
-# algo.entropy_coef (np=2, loaded machine, seed 0): 0.02 -> 0.46 (entropy still 0.3), 0.1 -> 0.72
-# (0.3), 0.5 -> 0.78 (0.7), 1.0 and 2.0 -> 0.24 and 0.20 (the policy stays uniform: 2.47 nats).
-# With 0.5 the best epoch is 0.78 / 0.80 / 0.82 on seeds 0 / 1 / 2, and 25 epochs on seed 0 stay
-# at 0.72-0.86 from epoch 9 on (41k steps): a plateau below the paper's 100 %.
-def test_htrpo_learns_fetch_reach_discrete(tmp_path):
-    success = train(tmp_path / "run", "fetch_reach_discrete_htrpo", *FAST_REACH, "--set", "train.stop_success=0.6")
-    assert max(success) >= 0.6, success  # untrained: 0.05-0.11; measured best 0.78-0.82 on 3 seeds
+# fetch_reach_discrete_htrpo_fast: 800-step iterations, 16 hindsight goals, 2x64 networks, max_kl
+# 2e-4 (paper units) and an entropy bonus of 0.1, <= 30 epochs of <= 4k steps, stopping at the first
+# evaluation (100 greedy episodes) at 0.9. The stopped policy is then run on 200 episodes the
+# trainer never saw, so that a lucky evaluation cannot pass the test alone: an untrained policy
+# succeeds on 5-6 % of episodes (greedy and sampled, 3 inits). With 50 test episodes instead, seed
+# 0 stopped at a 0.9 whose policy scored 0.78 held out. Measured (np=2, 20 epochs, 50 test
+# episodes, seeds 0-4): first evaluation >= 0.9 at epoch 9 / 5 / 6 / 7 / 7; the 200-episode rate
+# of the epoch-15 and epoch-20 policies 0.76-0.93 (a plateau below the paper's 100 %: the policy
+# dashes at full command and, after a miss by a few centimetres, rarely turns back). Before the
+# entropy bonus and the smaller trust region (max_kl 1e-3) the same budget plateaued at 0.60-0.74.
+def test_htrpo_reaches_0_9_on_fetch_reach_discrete(tmp_path):
+    run = tmp_path / "run"
+    success = train(run, "fetch_reach_discrete_htrpo_fast", "--set", "train.stop_success=0.9")
+    assert max(success) >= 0.9, success
+    result = run_python(["-m", "her_mpi.evaluate", "--checkpoint", run, "--episodes", "200", "--seed", "12345"])
+    assert result.returncode == 0, describe(result)
+    held_out = json.loads(result.stdout)["success_rate"]
+    assert held_out >= 0.8, (held_out, success)
 
 
 # Ms. Pac-Man, DQN+HER: goals along the start corridor (row 8) on both sides of the start cell
