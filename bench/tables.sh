@@ -78,7 +78,7 @@ htrpo_discrete)  # issue 13: HTRPO on the discrete Fetch tasks (the recipes' own
     for seed in 0 1 2; do
         sweep htrpo_discrete --config fetch_reach_discrete_htrpo --config fetch_push_discrete_htrpo --seeds "$seed"
     done ;;
-htrpo_reach_fast)  # issue 13: fetch_reach_discrete_htrpo_fast on seeds 10-14 (tuned on seeds 0-2)
+htrpo_reach_fast)  # issue 13: fetch_reach_discrete_htrpo_fast on seeds 10-14 (tuned on seeds 0-4)
     sweep htrpo_reach_fast --config fetch_reach_discrete_htrpo_fast --seeds 10-14 ;;
 *)
     echo "usage: bench/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|other_tasks|htrpo_discrete|htrpo_reach_fast" >&2
