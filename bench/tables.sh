@@ -12,6 +12,7 @@
 #     bench/tables.sh other_tasks     # PickAndPlace 600k, Slide 600k, HandReach 500k (2 seeds; RECIPE=td3)
 #     bench/tables.sh htrpo_discrete  # HTRPO FetchReach/PushDiscrete (issue 13)
 #     bench/tables.sh htrpo_reach_fast  # HTRPO FetchReachDiscrete, the minutes recipe, 5 seeds it was not tuned on
+#     bench/tables.sh bitflip_dqn     # Double DQN + HER on 30, 40 and 50 bits, the recipes' budgets (issue 13)
 #
 # Seeds go in the outer loop, so every recipe has its first seed before any has its third: a table
 # stopped early still compares all its rows. Set SWEEP_TREE to run from a frozen copy of the code
@@ -80,7 +81,11 @@ htrpo_discrete)  # issue 13: HTRPO on the discrete Fetch tasks (the recipes' own
     done ;;
 htrpo_reach_fast)  # issue 13: fetch_reach_discrete_htrpo_fast on seeds 10-14 (tuned on seeds 0-4)
     sweep htrpo_reach_fast --config fetch_reach_discrete_htrpo_fast --seeds 10-14 ;;
+bitflip_dqn)  # issue 13: the HER paper's bit-flipping rows, 3 seeds
+    for seed in 0 1 2; do
+        sweep bitflip_dqn --config bitflip_30_dqn --config bitflip_40_dqn --config bitflip_50_dqn --seeds "$seed"
+    done ;;
 *)
-    echo "usage: bench/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|other_tasks|htrpo_discrete|htrpo_reach_fast" >&2
+    echo "usage: bench/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|other_tasks|htrpo_discrete|htrpo_reach_fast|bitflip_dqn" >&2
     exit 2 ;;
 esac
