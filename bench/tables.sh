@@ -13,6 +13,8 @@
 #     bench/tables.sh htrpo_discrete  # HTRPO FetchReach/PushDiscrete (issue 13)
 #     bench/tables.sh htrpo_reach_fast  # HTRPO FetchReachDiscrete, the minutes recipe, 5 seeds it was not tuned on
 #     bench/tables.sh bitflip_dqn     # Double DQN + HER on 30, 40 and 50 bits, the recipes' budgets (issue 13)
+#     bench/tables.sh predator_prey   # PPO-HER vs PPO on the 12 predator-prey conditions, 2 seeds (issue 13)
+#     bench/tables.sh predator_prey_sac  # SAC+HER vs SAC on the same conditions (~1 h per run at np=2)
 #
 # Seeds go in the outer loop, so every recipe has its first seed before any has its third: a table
 # stopped early still compares all its rows. Set SWEEP_TREE to run from a frozen copy of the code
@@ -85,7 +87,17 @@ bitflip_dqn)  # issue 13: the HER paper's bit-flipping rows, 3 seeds
     for seed in 0 1 2; do
         sweep bitflip_dqn --config bitflip_30_dqn --config bitflip_40_dqn --config bitflip_50_dqn --seeds "$seed"
     done ;;
+predator_prey|predator_prey_sac)  # issue 13: seed 003's 12 conditions, interception distance x arena
+    # size x dimensions, equal env steps (the recipes' 256k budget); one sweep directory per condition
+    if [ "$1" = predator_prey ]; then recipes=(--config predator_prey_ppo_her --config predator_prey_ppo)
+    else recipes=(--config predator_prey_sac_her --config predator_prey_sac); fi
+    for seed in 0 1; do
+        for radius in 1.0 0.5; do for size in 10 20; do for dims in 2 3 4; do
+            sweep "predator_prey/D${dims}_S${size}_R${radius}" "${recipes[@]}" --seeds "$seed" \
+                --set "env.kwargs={dims: $dims, arena_size: $size.0, interception_distance: $radius, prey_mode: random_direction}"
+        done; done; done
+    done ;;
 *)
-    echo "usage: bench/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|other_tasks|htrpo_discrete|htrpo_reach_fast|bitflip_dqn" >&2
+    echo "usage: bench/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|other_tasks|htrpo_discrete|htrpo_reach_fast|bitflip_dqn|predator_prey|predator_prey_sac" >&2
     exit 2 ;;
 esac
