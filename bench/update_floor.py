@@ -156,8 +156,8 @@ def measure_floor(algo: str, reps: int) -> dict:
     return row
 
 
-def measure_kfac(algo: str, reps: int) -> dict:
-    kfac, kfac_batches = make_agent(algo)
+def measure_kfac(algo: str, reps: int, overrides: list[str] = ()) -> dict:
+    kfac, kfac_batches = make_agent(algo, overrides)  # e.g. algo.kfac.rank=32
     adam, adam_batches = make_agent(algo, ["algo.optimizer=adam"])
     block = kfac.params.kfac.inverse_every
     kfac_updates, adam_updates = Updates(kfac, kfac_batches), Updates(adam, adam_batches)
@@ -209,7 +209,8 @@ def main() -> None:
     parser.add_argument("--name", default="update_floor")
     parser.add_argument("--standalone", metavar="RECIPE", help="only print the standalone update time of RECIPE "
                         "as JSON (bench/epoch_time.py runs this beside its training)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        help="config override for --standalone and the K-FAC rows (e.g. algo.kfac.rank=32)")
     parser.add_argument("--updates", type=int, default=400, help="with --standalone")
     args = parser.parse_args()
     torch.set_num_threads(1)  # as the trainer: one thread per rank
@@ -221,7 +222,7 @@ def main() -> None:
     floors, kfac = {}, {}
     for algo in args.algos:
         if "+kfac" in algo:
-            kfac[algo] = measure_kfac(algo, args.kfac_reps)
+            kfac[algo] = measure_kfac(algo, args.kfac_reps, args.overrides)
         else:
             floors[algo] = measure_floor(algo, args.reps)
         print(algo, floors.get(algo) or kfac.get(algo), flush=True)
@@ -236,7 +237,7 @@ def main() -> None:
         print(f"{algo:10} {r['kfac_ms_cpu']:10.2f} {r['adam_ms_cpu']:9.2f} {r['ratio_cpu']:6.2f}   "
               f"({r['ratio_wall']:.2f})          {r['kfac_floor_ms_cpu']:.2f}/{r['adam_floor_ms_cpu']:.2f} "
               f"= {r['floor_ratio_cpu']:.2f}")
-    save(args.name, {"torch_threads": 1, "reps": args.reps, "kfac_reps": args.kfac_reps,
+    save(args.name, {"torch_threads": 1, "reps": args.reps, "overrides": args.overrides, "kfac_reps": args.kfac_reps,
                      "target_ratio": 1.15, "target_kfac_ratio": 1.2, "floor": floors, "kfac": kfac})
 
 

@@ -8,8 +8,9 @@ import torch
 from torch import nn
 
 from her_mpi.mlp import mlp
+from her_mpi.config import ConfigError
 from her_mpi.optim.kfac import (KFAC, KFACParams, assign_to_ranks, factored_pi, kronecker_factors,
-                                precondition, preconditioner)
+                                low_rank_inverse, precondition, preconditioner)
 
 
 def spd(n, rng, scale=1.0):
@@ -36,6 +37,60 @@ def test_preconditioned_gradient_equals_explicit_kronecker_solve(mode):
     np.testing.assert_allclose(ours, explicit.reshape((n_out, n_in), order="F"), rtol=1e-4, atol=1e-6)
     if mode == "factored":
         assert factored_pi(torch.tensor(A), torch.tensor(G)) == pytest.approx(pi)
+
+
+def low_rank_factor(n, k, rng):
+    """A factor whose eigenvalues beyond the k-th are all equal (0.02): exactly what the low-rank
+    form represents."""
+    basis, _ = np.linalg.qr(rng.normal(size=(n, n)))
+    values = np.concatenate([rng.uniform(1.0, 5.0, k), np.full(n - k, 0.02)])
+    return (basis * values) @ basis.T
+
+
+def test_low_rank_preconditioning_is_exact_when_the_factors_tail_is_flat():
+    """With rank k and factors whose n - k smallest eigenvalues are equal, the low-rank form is
+    the exact damped inverse: the preconditioned gradient equals the explicit Kronecker solve."""
+    rng = np.random.default_rng(1)
+    k, n_in, n_out, damping = 3, 21, 17, 0.3  # both factors > 4k: both sides low rank
+    A, G = low_rank_factor(n_in, k, rng), low_rank_factor(n_out, k, rng)
+    grad = rng.normal(size=(n_out, n_in))
+    parts = preconditioner(torch.tensor(A, dtype=torch.float32), torch.tensor(G, dtype=torch.float32), damping,
+                           "factored", rank=k)
+    assert [tuple(p.shape) for p in parts] == [(n_in + 2, k), (n_out + 2, k)]
+    ours = precondition(torch.tensor(grad, dtype=torch.float32), parts, damping, "factored").numpy()
+    pi = math.sqrt((np.trace(A) / n_in) / (np.trace(G) / n_out))
+    root = math.sqrt(damping)
+    explicit = np.linalg.solve(np.kron(A + pi * root * np.eye(n_in), G + root / pi * np.eye(n_out)),
+                               grad.flatten(order="F"))
+    np.testing.assert_allclose(ours, explicit.reshape((n_out, n_in), order="F"), rtol=2e-4, atol=1e-6)
+
+
+def test_low_rank_inverse_refined_from_the_previous_basis_matches_a_fresh_one():
+    """The refresh's subspace iteration, started from the last eigenbasis, gives the inverse a full
+    eigendecomposition of the new factor gives (the factor moved as a running average does)."""
+    rng = np.random.default_rng(2)
+    n, k, delta = 40, 5, 0.5
+    old = low_rank_factor(n, k, rng)
+    new = 0.6 * old + 0.4 * (old + 0.05 * spd(n, rng))
+    old_t, new_t = torch.tensor(old, dtype=torch.float32), torch.tensor(new, dtype=torch.float32)
+    refined = low_rank_inverse(new_t, delta, k, previous=low_rank_inverse(old_t, delta, k))
+    fresh = low_rank_inverse(new_t, delta, k)
+
+    def dense(packed):
+        U, e, c = packed[:n].double(), packed[n].double(), float(packed[n + 1, 0])
+        return c * torch.eye(n, dtype=torch.float64) + U @ torch.diag(e) @ U.T
+
+    exact = torch.linalg.inv(new_t.double() + delta * torch.eye(n, dtype=torch.float64))
+    error = lambda M: float(torch.linalg.norm((M - exact) @ new_t.double()) / torch.linalg.norm(exact @ new_t.double()))
+    assert error(dense(refined)) == pytest.approx(error(dense(fresh)), abs=1e-3)
+    assert error(dense(fresh)) < 0.05  # and both are close to the exact inverse
+
+
+def test_low_rank_needs_factored_damping_and_a_positive_rank():
+    with pytest.raises(ConfigError, match=r"algo\.kfac\.rank.*factored"):
+        KFACParams(rank=8, damping_mode="plain").validate("algo.kfac")
+    with pytest.raises(ConfigError, match=r"algo\.kfac\.rank.*0"):
+        KFACParams(rank=0).validate("algo.kfac")
 
 
 def test_factors_are_input_and_output_gradient_second_moments():

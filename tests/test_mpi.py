@@ -61,7 +61,7 @@ def test_env_steps_are_counted_per_rank_and_in_total(two_ranks):
 # prioritized replay here, whose priorities stay per rank)
 @pytest.mark.parametrize("algo, allreduces, recipe", [
     ("td3", [1], None), ("sac", [1], None), ("dqn", [1], "configs/bitflip_10_dqn.yaml"),
-    ("ddpg+kfac", [1], None), ("td3+kfac", [1], None), ("td3+kfac-false", [1], None)])
+    ("ddpg+kfac", [1], None), ("td3+kfac", [1], None), ("td3+kfac-false", [1], None), ("td3+kfac-rank16", [1], None)])
 def test_other_algorithms_stay_identical(tmp_path, algo, allreduces, recipe):
     extra = [recipe] if recipe else []
     result = contract_result(run_mpi(2, [PROGRAMS / "mpi_contract.py", tmp_path, algo, *extra]))

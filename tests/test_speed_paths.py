@@ -291,14 +291,14 @@ def test_synced_adam_steps_exactly_like_torch_adam():
     assert float(state["step"]) == 5
 
 
-@pytest.mark.parametrize("mode, momentum", [("factored", 0.8), ("plain", 0.0)])
-def test_kfac_step_matches_the_explicit_natural_gradient_with_sgd_momentum(mode, momentum):
+@pytest.mark.parametrize("mode, momentum, rank", [("factored", 0.8, None), ("plain", 0.0, None), ("factored", 0.8, 1)])
+def test_kfac_step_matches_the_explicit_natural_gradient_with_sgd_momentum(mode, momentum, rank):
     """K-FAC's step: the natural gradient from the Kronecker factors (via ``precondition``, checked
     against explicit Kronecker algebra in test_kfac.py), scaled by the KL clip, then torch SGD."""
     torch.manual_seed(4)
     net = mlp(5, [8], 3, output_activation=nn.Tanh)
     params = KFACParams(lr=0.05, damping=0.1, damping_mode=mode, momentum=momentum, kl_clip=1e-3,
-                        factor_every=1, inverse_every=2)
+                        factor_every=1, inverse_every=2, rank=rank)  # rank 1: low rank on factors of dim > 4
     optimizer = KFAC(net, params, generator=torch.Generator().manual_seed(0))
     reference_param = optimizer.flat.param.clone().requires_grad_()
     reference_sgd = torch.optim.SGD([reference_param], lr=params.lr, momentum=momentum)

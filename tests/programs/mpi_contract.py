@@ -63,10 +63,14 @@ def normalizer_matches_union() -> float:
 
 
 def main(run_dir: str, algo: str = "ddpg", recipe: str | None = None) -> None:
-    algo, _, optimizer = algo.partition("+")  # e.g. td3+kfac, or td3+kfac-false (no split preconditioning)
+    # e.g. td3+kfac, td3+kfac-false (no split preconditioning), td3+kfac-rank16 (low-rank factors)
+    algo, _, optimizer = algo.partition("+")
     kfac = ["algo.optimizer=kfac", "algo.kfac.factor_every=1", "algo.kfac.inverse_every=2"] if optimizer else []
-    if optimizer.startswith("kfac-"):
-        kfac.append(f"algo.kfac.split_preconditioning={optimizer.split('-', 1)[1]}")
+    variant = optimizer.split("-", 1)[1] if optimizer.startswith("kfac-") else None
+    if variant and variant.startswith("rank"):
+        kfac.append(f"algo.kfac.rank={variant[4:]}")
+    elif variant:
+        kfac.append(f"algo.kfac.split_preconditioning={variant}")
     # the off-policy schedule's keys only where they are read (on-policy algorithms refuse them)
     off_policy = ["train.n_batches=4", "train.batch_size=64", "train.sync_check_every=1"] \
         if issubclass(registry.algorithm_class(algo), OffPolicyAgent) else []
