@@ -15,6 +15,7 @@
 #     bench/tables.sh bitflip_dqn     # Double DQN + HER on 30, 40 and 50 bits, the recipes' budgets (issue 13)
 #     bench/tables.sh predator_prey   # PPO-HER vs PPO on the 12 predator-prey conditions, 2 seeds (issue 13)
 #     bench/tables.sh predator_prey_sac  # SAC+HER vs SAC on the same conditions (~1 h per run at np=2)
+#     CONDITIONS="D3_S10_R1.0" bench/tables.sh predator_prey_sac  # ... on some conditions only
 #
 # Seeds go in the outer loop, so every recipe has its first seed before any has its third: a table
 # stopped early still compares all its rows. Set SWEEP_TREE to run from a frozen copy of the code
@@ -93,6 +94,8 @@ predator_prey|predator_prey_sac)  # issue 13: seed 003's 12 conditions, intercep
     else recipes=(--config predator_prey_sac_her --config predator_prey_sac); fi
     for seed in 0 1; do
         for radius in 1.0 0.5; do for size in 10 20; do for dims in 2 3 4; do
+            # CONDITIONS (space-separated D{dims}_S{size}_R{radius} names, default all) picks a subset
+            case " ${CONDITIONS:-D${dims}_S${size}_R${radius}} " in *" D${dims}_S${size}_R${radius} "*) ;; *) continue ;; esac
             sweep "predator_prey/D${dims}_S${size}_R${radius}" "${recipes[@]}" --seeds "$seed" \
                 --set "env.kwargs={dims: $dims, arena_size: $size.0, interception_distance: $radius, prey_mode: random_direction}"
         done; done; done
