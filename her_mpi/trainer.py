@@ -299,6 +299,7 @@ class Trainer:
         collected = self.resumed_env_steps + (self.env_steps_per_rank - self.resumed_env_steps_per_rank) * self.size
         if collected < self.config.train.random_steps:
             return lambda obs, g: self.agent.random_actions(len(obs))
+        self.agent.start_episodes(self.config.train.rollouts_per_rank)
         return lambda obs, g: self.agent.act(obs, g, explore=True)
 
     def _epoch_row(self, epoch: int, progress: EpochProgress, test, start: float) -> dict:

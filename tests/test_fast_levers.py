@@ -346,3 +346,57 @@ def test_on_policy_algorithms_refuse_random_steps():
 
     with pytest.raises(ConfigError, match="train.random_steps"):
         load_config("fetch_reach_htrpo", ["train.random_steps=1000"])
+
+
+def dqn_agent(*overrides):
+    from her_mpi.config import load_config
+    from her_mpi.envs import env_spec, make_env
+    from her_mpi.trainer import build_agent
+
+    config = load_config("bitflip_10_dqn", list(overrides))
+    env = make_env(config.env, 0)
+    return build_agent(config, env_spec(env, config.env.id), env)
+
+
+def test_held_exploration_keeps_each_random_action_for_1_to_hold_steps():
+    hold, n_envs, steps = 5, 400, 60
+    agent = dqn_agent("algo.epsilon=0.2", f"algo.epsilon_hold={hold}")
+    greedy = np.full(n_envs, -1)  # no real action: every non-greedy step is visible
+    agent.start_episodes(n_envs)
+    taken = np.stack([agent.explore(greedy) for _ in range(steps)], axis=1)
+    explored = taken >= 0
+    assert taken.max() < 10
+    runs = []  # (length, action kept throughout) of every maximal run of exploring steps
+    for row, mask in zip(taken, explored):
+        edges = np.flatnonzero(np.diff(np.r_[0, mask.astype(int), 0]))
+        runs += [(b - a, len(set(row[a:b]))) for a, b in zip(edges[::2], edges[1::2]) if b < steps]
+    lengths = np.array([length for length, _ in runs])
+    # back-to-back holds merge into longer runs; a lone hold lasts 1..5 steps (mean 3)
+    assert lengths.min() == 1 and np.mean(lengths <= hold) > 0.8
+    assert np.mean([kinds == 1 for length, kinds in runs if length <= hold]) > 0.85  # one action kept
+    # a hold starts on a free step with probability epsilon: steady-state share eps*3 / (1 + eps*2)
+    assert within(explored[:, 20:].mean(), 0.2 * 3 / (1 + 0.2 * 2), explored[:, 20:].size / 3)
+
+
+def test_held_exploration_restarts_with_new_episodes_and_plain_epsilon_is_unchanged():
+    agent = dqn_agent("algo.epsilon=1.0", "algo.epsilon_hold=50")
+    agent.start_episodes(3)
+    first = agent.explore(np.zeros(3, np.int64))
+    assert np.array_equal(agent.explore(np.zeros(3, np.int64)), first)  # held
+    agent.start_episodes(3)
+    assert agent.hold_left.sum() == 0
+    # epsilon_hold = 1 draws exactly as plain epsilon-greedy always did: random actions, then coins
+    plain = dqn_agent("algo.epsilon=0.3")
+    rng = np.random.default_rng()
+    rng.bit_generator.state = plain.rng.bit_generator.state
+    greedy = np.full(1000, 7)
+    random_action = rng.integers(0, 10, (1000, 1))[:, 0]
+    expected = np.where(rng.random(1000) < 0.3, random_action, greedy)
+    assert np.array_equal(plain.explore(greedy), expected)
+
+
+def test_held_exploration_setting_is_checked():
+    from her_mpi.config import ConfigError
+
+    with pytest.raises(ConfigError, match="epsilon_hold.*0.*integer >= 1"):
+        dqn_agent("algo.epsilon_hold=0")

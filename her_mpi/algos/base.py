@@ -53,6 +53,10 @@ class Agent(ABC):
     def act(self, obs: np.ndarray, g: np.ndarray, explore: bool) -> np.ndarray:
         """Actions for a batch: in [-1, 1] for continuous envs, int indices for discrete ones."""
 
+    def start_episodes(self, n: int) -> None:
+        """``n`` new episodes begin; the next ``act(..., explore=True)`` calls are their steps (in
+        order). Agents whose exploration spans steps reset its state here."""
+
     def random_actions(self, n: int) -> np.ndarray:
         """Uniformly random actions for n envs, as ``act`` returns them (train.random_steps)."""
         if self.spec.discrete:

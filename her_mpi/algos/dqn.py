@@ -33,11 +33,17 @@ class DQNParams(OffPolicyParams):
                                  "values it")
     loss: Literal["huber", "mse"] = setting("huber", "TD loss: huber (delta 1) or mse")
     epsilon: float = setting(0.1, "exploration: probability of a uniformly random action while collecting")
+    # Temporally extended epsilon-greedy (Dabney et al. 2021, "ez-greedy", with uniform durations):
+    # single random steps dither in place where the dynamics carry momentum (Ms. Pac-Man keeps
+    # moving until a new direction takes), held ones reach other parts of the map.
+    epsilon_hold: int = setting(1, "steps a random exploration action is kept: each one starts with probability "
+                                   "epsilon and lasts 1..epsilon_hold steps (uniform); 1 is plain epsilon-greedy")
 
     def validate(self, path: str) -> None:
         super().validate(path)
         check(self.lr_q > 0, f"{path}.lr_q", self.lr_q, "a number > 0")
         check(0.0 <= self.epsilon <= 1.0, f"{path}.epsilon", self.epsilon, "a number in [0, 1]")
+        check(self.epsilon_hold >= 1, f"{path}.epsilon_hold", self.epsilon_hold, "an integer >= 1")
 
 
 class DQN(OffPolicyAgent):
@@ -64,9 +70,29 @@ class DQN(OffPolicyAgent):
         with torch.inference_mode():
             action = self.q_network(self.inputs(torch.from_numpy(obs), torch.from_numpy(g))).argmax(-1).numpy()
         if explore:
-            random_action = self.random_actions(len(action))[:, 0]
-            action = np.where(self.rng.random(len(action)) < self.params.epsilon, random_action, action)
+            action = self.explore(action)
         return action.astype(np.int64)[:, None]
+
+    def start_episodes(self, n: int) -> None:
+        self.held_action, self.hold_left = np.zeros(n, np.int64), np.zeros(n, np.int64)
+
+    def explore(self, greedy: np.ndarray) -> np.ndarray:
+        """Epsilon-greedy; with epsilon_hold > 1 a random action, once drawn, is kept for a
+        random number of steps (envs already holding one do not draw a new one)."""
+        n = len(greedy)
+        random_action = self.random_actions(n)[:, 0]
+        starts = self.rng.random(n) < self.params.epsilon
+        if self.params.epsilon_hold == 1:
+            return np.where(starts, random_action, greedy)
+        if len(getattr(self, "hold_left", ())) != n:  # act() outside a rollout's episodes
+            self.start_episodes(n)
+        durations = self.rng.integers(1, self.params.epsilon_hold + 1, n)
+        starts &= self.hold_left == 0
+        self.held_action = np.where(starts, random_action, self.held_action)
+        self.hold_left = np.where(starts, durations, self.hold_left)
+        action = np.where(self.hold_left > 0, self.held_action, greedy)
+        self.hold_left = np.maximum(self.hold_left - 1, 0)
+        return action
 
     def policy(self) -> DeployablePolicy:
         return DeployablePolicy(self.inputs, self.q_network, GreedyAction())
