@@ -42,15 +42,20 @@ def test_htrpo_reaches_0_9_on_fetch_reach_discrete(tmp_path):
     assert held_out >= 0.8, (held_out, success)
 
 
-# Ms. Pac-Man, DQN+HER: goals along the start corridor (row 8) on both sides of the start cell
-# (8, 10), so that no single action reaches them all; every episode starts from the same state and
-# the emulator is deterministic, so a greedy policy's success on each goal is exact, not sampled.
-CORRIDOR_GOALS = [[8, c] for c in (4, 5, 6, 7, 13, 14, 15)]
+# Ms. Pac-Man, DQN+HER: two goals on the start corridor (row 8), five cells left and five right of
+# the start cell (8, 10), so that no single direction reaches both; every episode starts from the
+# same state and the emulator is deterministic, so a greedy policy's success on each goal is exact,
+# not sampled. Held exploration (algo.epsilon_hold): Ms. Pac-Man starts moving left and keeps her
+# direction until a new one takes, so single random steps (plain epsilon-greedy) rarely carry her
+# right; the right-hand goal then hardly ever appears in replay and some seeds never learn it.
+GOALS = [[8, 5], [8, 15]]
 # 4 epochs x 15 cycles x 2 episodes x <= 26 steps x 2 ranks <= 6,240 steps and 1,200 updates; the
-# trainer's own test episodes are skipped (the test evaluates every corridor goal itself).
-PACMAN = ["--set", f"env.kwargs={{goal_cells: {CORRIDOR_GOALS}}}", "--set", "train.n_epochs=4",
+# trainer's own test episodes are skipped (the test evaluates both goals itself).
+PACMAN = ["--set", f"env.kwargs={{goal_cells: {GOALS}}}", "--set", "train.n_epochs=4",
           "--set", "train.n_cycles=15", "--set", "train.rollouts_per_rank=2", "--set", "train.n_batches=20",
-          "--set", "replay.size=20000", "--set", "algo.lr_q=5.0e-4", "--set", "train.n_test_episodes=0"]
+          "--set", "replay.size=20000", "--set", "algo.lr_q=5.0e-4", "--set", "train.n_test_episodes=0",
+          "--set", "algo.epsilon=0.3", "--set", "algo.epsilon_hold=6", "--set", "algo.polyak=0.5",
+          "--set", "algo.n_step=3"]
 
 
 def greedy_success(agent, goals) -> list[bool]:
@@ -71,28 +76,20 @@ def greedy_success(agent, goals) -> list[bool]:
     return reached
 
 
-def beats_untrained(after: list[bool], before: list[bool]) -> bool:
-    """Both sides of the start reached (no single direction does that) and at least two goals
-    more than the untrained greedy policy, which runs one way."""
-    left = [r for r, (_, col) in zip(after, CORRIDOR_GOALS) if col < 10]
-    right = [r for r, (_, col) in zip(after, CORRIDOR_GOALS) if col > 10]
-    return sum(left) >= 3 and sum(right) >= 2 and sum(after) >= sum(before) + 2
-
-
-# Skipped until a budget that learns on every seed is found: this one passed on one seed only by
-# luck. Measured (np=2): seed 0 passed at 4 epochs (6/7 goals vs 4/7 untrained) until a roundoff-
-# level change of the TD target (addcmul; equal to 4e-6) made it fail (4/7, as untrained); at 6
-# epochs seeds 0 and 1 both fail (3/7 and 4/7: the greedy policy trades left goals for right ones).
-# Two goals only ([8, 5] and [8, 15], one each side; the untrained greedy policy reaches one of them)
-# do not fix it: seeds 0 and 2 reach both after 4 and after 8 epochs, seed 1 reaches only the left
-# one after 4 and after 8 (/tmp trials at np=2; 8 epochs <= 12.5k steps, 2,400 updates).
-@pytest.mark.skip(reason="DQN+HER on MsPacmanGoal-v0 does not beat the untrained policy reliably in a "
-                         "test's budget (fails on seeds 0 and 1 at 6 epochs); issue 13")
+# Skipped until a budget that learns on every seed is found. Measured (np=2, trained greedy success
+# on [left, right]; the untrained inits reach one side or neither): with these settings seeds 0, 1, 2
+# and 4 reach both goals after 4 epochs, seeds 3 and 5 do not (neither; right only); after 8 epochs
+# seed 3 does, seed 5 still reaches the right one only. Without held exploration (algo.epsilon 0.1,
+# 0.3 or 1.0, 3x the updates, or faster targets with 3-step returns, or goals 3 cells away) at least
+# one of seeds 0-2 reached one side only, seed 1 mostly: greedy traces show its Q-values for the
+# right-hand goal tied at the start while her momentum carries her left.
+@pytest.mark.skip(reason="DQN+HER on MsPacmanGoal-v0 reaches both goals on 4 of 6 seeds in a test's budget "
+                         "(5 of 6 at twice the budget); issue 13")
 def test_dqn_her_on_ms_pacman_beats_the_untrained_policy(tmp_path):
     train(tmp_path / "run", "ms_pacman_goal_dqn", *PACMAN)
     state = load_checkpoint(tmp_path / "run")
     trained = agent_from_checkpoint(state)
     untrained = build_agent(config_from_dict(state["config"]), EnvSpec(**state["spec"]))  # same seed: same init
     assert not torch.equal(trained.q_network.state_dict()["head.0.weight"], untrained.q_network.state_dict()["head.0.weight"])
-    after, before = greedy_success(trained, CORRIDOR_GOALS), greedy_success(untrained, CORRIDOR_GOALS)
-    assert beats_untrained(after, before), list(zip(CORRIDOR_GOALS, after, before))
+    after, before = greedy_success(trained, GOALS), greedy_success(untrained, GOALS)
+    assert after == [True, True] and sum(before) < 2, (after, before)
