@@ -49,13 +49,13 @@ def test_htrpo_reaches_0_9_on_fetch_reach_discrete(tmp_path):
 # direction until a new one takes, so single random steps (plain epsilon-greedy) rarely carry her
 # right; the right-hand goal then hardly ever appears in replay and some seeds never learn it.
 GOALS = [[8, 5], [8, 15]]
-# 4 epochs x 15 cycles x 2 episodes x <= 26 steps x 2 ranks <= 6,240 steps and 1,200 updates; the
-# trainer's own test episodes are skipped (the test evaluates both goals itself).
+# 4 epochs x 15 cycles x 2 episodes x <= 26 steps x 2 ranks <= 6,240 steps and 1,200 updates of 128
+# transitions; the trainer's own test episodes are skipped (the test evaluates both goals itself).
 PACMAN = ["--set", f"env.kwargs={{goal_cells: {GOALS}}}", "--set", "train.n_epochs=4",
           "--set", "train.n_cycles=15", "--set", "train.rollouts_per_rank=2", "--set", "train.n_batches=20",
-          "--set", "replay.size=20000", "--set", "algo.lr_q=5.0e-4", "--set", "train.n_test_episodes=0",
-          "--set", "algo.epsilon=0.3", "--set", "algo.epsilon_hold=6", "--set", "algo.polyak=0.5",
-          "--set", "algo.n_step=3"]
+          "--set", "train.batch_size=128", "--set", "replay.size=20000", "--set", "algo.lr_q=5.0e-4",
+          "--set", "train.n_test_episodes=0", "--set", "algo.epsilon=0.3", "--set", "algo.epsilon_hold=10",
+          "--set", "algo.polyak=0.5", "--set", "algo.n_step=3"]
 
 
 def greedy_success(agent, goals) -> list[bool]:
@@ -76,15 +76,14 @@ def greedy_success(agent, goals) -> list[bool]:
     return reached
 
 
-# Skipped until a budget that learns on every seed is found. Measured (np=2, trained greedy success
-# on [left, right]; the untrained inits reach one side or neither): with these settings seeds 0, 1, 2
-# and 4 reach both goals after 4 epochs, seeds 3 and 5 do not (neither; right only); after 8 epochs
-# seed 3 does, seed 5 still reaches the right one only. Without held exploration (algo.epsilon 0.1,
-# 0.3 or 1.0, 3x the updates, or faster targets with 3-step returns, or goals 3 cells away) at least
-# one of seeds 0-2 reached one side only, seed 1 mostly: greedy traces show its Q-values for the
-# right-hand goal tied at the start while her momentum carries her left.
-@pytest.mark.skip(reason="DQN+HER on MsPacmanGoal-v0 reaches both goals on 4 of 6 seeds in a test's budget "
-                         "(5 of 6 at twice the budget); issue 13")
+# Why these settings (np=2, trained greedy success on [left, right]; the untrained inits reach one
+# side or neither; runs/pacman trials, 2026-11-23): at 4 epochs, held exploration up to 10 steps
+# with batch 128 reached both goals on every one of seeds 0-7 (all it was tried on); with batch 32 it failed seeds 4, 6
+# and 7 (one side or neither), and seeds 6 and 7 still failed at twice the budget; holding up to 6
+# steps failed seeds 3 and 5. Greedy traces of the failures show the start state's Q-values within
+# 0.1-0.3 of each other: too few samples per update, not too few updates. Without held exploration
+# (algo.epsilon 0.1, 0.3 or 1.0, 3x the updates, faster targets with 3-step returns, or goals 3
+# cells away) at least one of seeds 0-2 reached one side only.
 def test_dqn_her_on_ms_pacman_beats_the_untrained_policy(tmp_path):
     train(tmp_path / "run", "ms_pacman_goal_dqn", *PACMAN)
     state = load_checkpoint(tmp_path / "run")
