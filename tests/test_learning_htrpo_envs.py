@@ -76,14 +76,14 @@ def greedy_success(agent, goals) -> list[bool]:
     return reached
 
 
-# Why these settings (np=2, trained greedy success on [left, right]; the untrained inits reach one
-# side or neither; runs/pacman trials, 2026-11-23): at 4 epochs, held exploration up to 10 steps
-# with batch 128 reached both goals on every one of seeds 0-7 (all it was tried on); with batch 32 it failed seeds 4, 6
-# and 7 (one side or neither), and seeds 6 and 7 still failed at twice the budget; holding up to 6
-# steps failed seeds 3 and 5. Greedy traces of the failures show the start state's Q-values within
-# 0.1-0.3 of each other: too few samples per update, not too few updates. Without held exploration
-# (algo.epsilon 0.1, 0.3 or 1.0, 3x the updates, faster targets with 3-step returns, or goals 3
-# cells away) at least one of seeds 0-2 reached one side only.
+# Why these settings (trials at np=2, 2026-11-23; trained greedy success on [left, right]; the
+# untrained inits reach one side or neither): at 4 epochs, held exploration up to 10 steps with
+# batch 128 reached both goals on every one of seeds 0-7 (all it was tried on); with batch 32 it
+# failed seeds 4, 6 and 7 (one side or neither), and seeds 6 and 7 still failed at twice the
+# budget; holding up to 6 steps failed seeds 3 and 5. Greedy traces of the failures show the start
+# state's Q-values within 0.1-0.3 of each other: too few samples per update, not too few updates.
+# Without held exploration (algo.epsilon 0.1, 0.3 or 1.0, 3x the updates, faster targets with
+# 3-step returns, or goals 3 cells away) at least one of seeds 0-2 reached one side only.
 def test_dqn_her_on_ms_pacman_beats_the_untrained_policy(tmp_path):
     train(tmp_path / "run", "ms_pacman_goal_dqn", *PACMAN)
     state = load_checkpoint(tmp_path / "run")

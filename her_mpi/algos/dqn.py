@@ -62,6 +62,7 @@ class DQN(OffPolicyAgent):
         self.optimizer = SyncedAdam(self.q_network, p.lr_q)
         self.target_pairs.append((q_target_flat, self.optimizer.flat.param))
         self.nets.update({"q_network": self.q_network, "q_target": self.q_target})
+        self.start_episodes(0)  # held-exploration state, sized by the rollout that uses it
 
     def optimizers(self) -> dict:
         return {"q_network": self.optimizer}
@@ -84,7 +85,7 @@ class DQN(OffPolicyAgent):
         starts = self.rng.random(n) < self.params.epsilon
         if self.params.epsilon_hold == 1:
             return np.where(starts, random_action, greedy)
-        if len(getattr(self, "hold_left", ())) != n:  # act() outside a rollout's episodes
+        if len(self.hold_left) != n:  # act() outside a rollout's episodes
             self.start_episodes(n)
         durations = self.rng.integers(1, self.params.epsilon_hold + 1, n)
         starts &= self.hold_left == 0
