@@ -19,6 +19,7 @@ raises :class:`NonFiniteError` before any checkpoint is written from it; a faile
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import math
 import random
@@ -153,6 +154,22 @@ class EpochProgress:
         return dataclasses.asdict(self)
 
 
+def reuse_large_allocations() -> None:
+    """Have glibc's malloc keep freed blocks of up to 32 MB for reuse instead of unmapping them.
+
+    A batch of image observations makes tensors of 14-29 MB several times per update; by default
+    each one is a fresh mmap that page-faults in again after every free. That was ~40% of the
+    DQN+CNN update's CPU time (Ms. Pac-Man, batch 128: 166-176 -> 98-104 ms). Small tensors
+    (the MLP recipes) never reach the threshold. No-op where the C library is not glibc."""
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's malloc.h
+    mallopt(m_mmap_threshold, 32 << 20)  # glibc's largest allowed value
+    mallopt(m_trim_threshold, 256 << 20)  # and keep the heap's free top (else it is trimmed away)
+
+
 def denormals_flushed() -> bool:
     """Whether this thread's floating-point unit flushes subnormal numbers to zero."""
     return float(np.float32(1e-38) / np.float32(1e4)) == 0.0
@@ -164,6 +181,7 @@ class Trainer:
         self.rank, self.size = mpi.rank(), mpi.size()
         self.algo = config.algo_name
         torch.set_num_threads(config.train.torch_threads)
+        reuse_large_allocations()
         # Tiny Adam moments and gradients otherwise cost 5-10x; restored by close(), since the
         # setting is the thread's (numpy and anything else in the process see it too).
         self.denormals_were_flushed = denormals_flushed()

@@ -35,7 +35,7 @@ def test_the_papers_cnn_shapes():
     linears = [m for m in net.head if isinstance(m, nn.Linear)]
     # 84 -> 20 -> 9 -> 4: 16 x 4 x 4 features, then the goal is appended
     assert [(l.in_features, l.out_features) for l in linears] == [(16 * 4 * 4 + 2, 32), (32, 32), (32, 32), (32, 4)]
-    image = torch.randint(0, 256, (3, 4 * 84 * 84)).float() / 255
+    image = torch.randint(0, 256, (3, 4 * 84 * 84)).float()
     goals = torch.randn(3, 2)
     out = net(torch.cat([image, goals], -1))
     moved = net(torch.cat([image, goals + 1.0], -1))
@@ -49,10 +49,16 @@ def test_images_are_scaled_not_normalised():
     inputs.observe(obs, goals)
     inputs.sync()
     x = inputs(torch.from_numpy(obs), torch.from_numpy(goals))
-    torch.testing.assert_close(x[:, :-2], torch.from_numpy(obs).float() / 255)
+    assert x.dtype == torch.float32
+    torch.testing.assert_close(x[:, :-2], torch.from_numpy(obs).float(), rtol=0, atol=0)  # raw pixel values
     assert float(inputs.goal_normalizer.mean[0]) != 0.0  # goals still get running statistics
     image = inputs(torch.from_numpy(obs).reshape(5, 4, 84, 84), torch.from_numpy(goals))
     torch.testing.assert_close(image, x)  # flat (stored) and image (exported) layouts agree
+    # the network scales the pixels to [0, 1] itself: the convolutions of obs / 255 (up to the
+    # rounding of its channels-last convolutions)
+    net = ConvGoalNet((4, 84, 84), 2, [32], 4)
+    features = net.convs(torch.from_numpy(obs).float().reshape(5, 4, 84, 84) / 255)
+    torch.testing.assert_close(net(x), net.head(torch.cat([features, x[:, -2:]], -1)))
 
 
 @pytest.mark.parametrize("algo", ["dqn", "htrpo"])
