@@ -84,6 +84,9 @@ def greedy_success(agent, goals) -> list[bool]:
 # state's Q-values within 0.1-0.3 of each other: too few samples per update, not too few updates.
 # Without held exploration (algo.epsilon 0.1, 0.3 or 1.0, 3x the updates, faster targets with
 # 3-step returns, or goals 3 cells away) at least one of seeds 0-2 reached one side only.
+# Since the CNN convolves a channels-last copy (bda113a: other float rounding, the same
+# arithmetic), seeds 0-6 still reach both goals but seed 7 only the right one, at 4 and at 5
+# epochs: the margin is thinner than 8 of 8 suggested, and the test pins seed 0.
 def test_dqn_her_on_ms_pacman_beats_the_untrained_policy(tmp_path):
     train(tmp_path / "run", "ms_pacman_goal_dqn", *PACMAN)
     state = load_checkpoint(tmp_path / "run")
