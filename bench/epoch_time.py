@@ -60,8 +60,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         rows = train(Path(tmp) / "run", args.config, args.ranks,
                      [f"train.n_epochs={args.epochs}", "log.tensorboard=false", *args.overrides])
-    # algorithm settings matter to the update; the schedule (epochs, cycles) does not
-    standalone = standalone_update_ms(args.config, [o for o in args.overrides if o.startswith("algo.")], args.ranks)
+    # algorithm settings and the batch size matter to the update; the schedule (epochs, cycles) does not
+    shapes = [o for o in args.overrides if o.startswith(("algo.", "train.batch_size="))]
+    standalone = standalone_update_ms(args.config, shapes, args.ranks)
     epochs = []
     for i, row in enumerate(rows):
         epoch_s = row["time_s"] - (rows[i - 1]["time_s"] if i else 0.0)
