@@ -158,9 +158,10 @@ def reuse_large_allocations() -> None:
     """Have glibc's malloc keep freed blocks of up to 32 MB for reuse instead of unmapping them.
 
     A batch of image observations makes tensors of 14-29 MB several times per update; by default
-    each one is a fresh mmap that page-faults in again after every free. That was ~40% of the
-    DQN+CNN update's CPU time (Ms. Pac-Man, batch 128: 166-176 -> 98-104 ms). Small tensors
-    (the MLP recipes) never reach the threshold. No-op where the C library is not glibc."""
+    each one is a fresh mmap that page-faults in again after every free (~5,000 faults per five
+    20 MB tensors). With the CNN's channels-last copy it took the Ms. Pac-Man DQN learn phase
+    (batch 128) from 125-128 to 108-109 ms per update in a quiet epoch (bench/epoch_time.py).
+    Small tensors (the MLP recipes) never reach the threshold. No-op where libc is not glibc."""
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt
     except (OSError, AttributeError):
