@@ -103,12 +103,7 @@ def make_agent(algo_or_recipe: str, overrides: list[str] = ()):
     episodes = worker.generate(policy, 20)
     agent.buffer.store(episodes)
     agent.update_normalizers(episodes)
-    replay, train = config.replay, config.train
-    samples = [agent.buffer.sample(train.batch_size, replay.strategy, replay.replay_k, agent.rng, beta=agent.beta(),
-                                   actual_k=replay.actual_k, n_step=agent.params.n_step, gamma=agent.gamma)
-               for _ in range(16)]  # as learn() samples them (n-step returns included)
-    batches = [{k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in sample.items() if k != "indices"}
-               for sample in samples]  # as learn() converts them
+    batches = [agent.batch_tensors(agent.sample_batch()) for _ in range(16)]  # as learn() makes them
     return agent, batches
 
 

@@ -13,6 +13,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from conftest import describe, run_python
 from her_mpi.config import load_config
 from her_mpi.envs import EnvSpec
 from her_mpi.mlp import CriticEnsemble, mlp
@@ -363,8 +364,6 @@ def test_large_tensors_are_reused_without_page_faults_once_the_trainer_tunes_mal
     """reuse_large_allocations (called by the Trainer): a freed 20 MB tensor's memory is handed
     back for the next one instead of being unmapped and faulted in again (~5,000 minor faults for
     five here, fewer than 5,120 pages each where huge pages serve part of it)."""
-    from conftest import describe, run_python
-
     program = """
 import json, resource, torch
 from her_mpi.trainer import reuse_large_allocations

@@ -193,16 +193,14 @@ class OffPolicyAgent(Agent):
         """One gradient update; returns (metrics, |TD error| per sample for prioritized replay)."""
 
     def learn(self, episodes: Episodes) -> dict[str, float]:
-        train, replay = self.config.train, self.config.replay
+        train = self.config.train
         started, started_cpu, waited = time.perf_counter(), time.thread_time(), self.waited_s()
         self.buffer.store(episodes)
         self.update_normalizers(episodes)
         collected, sampling, updating = [], 0.0, 0.0
         for _ in range(train.n_batches):
             tick = time.perf_counter()
-            batch = self.buffer.sample(train.batch_size, replay.strategy, replay.replay_k, self.rng,
-                                       beta=self.beta(), actual_k=replay.actual_k,
-                                       n_step=self.params.n_step, gamma=self.gamma)
+            batch = self.sample_batch()
             tensors = self.batch_tensors(batch)
             tock = time.perf_counter()
             metrics, td_error = self.update(tensors)
@@ -241,6 +239,13 @@ class OffPolicyAgent(Agent):
         move), normalised in one pass over both."""
         both = self.inputs(torch.cat([batch["obs"], batch["obs_next"]]), torch.cat([batch["g"], batch["g_next"]]))
         return both.chunk(2)
+
+    def sample_batch(self) -> dict[str, np.ndarray]:
+        """One training batch from this rank's replay, relabelled as the recipe says (n-step
+        returns and prioritized weights included)."""
+        train, replay = self.config.train, self.config.replay
+        return self.buffer.sample(train.batch_size, replay.strategy, replay.replay_k, self.rng, beta=self.beta(),
+                                  actual_k=replay.actual_k, n_step=self.params.n_step, gamma=self.gamma)
 
     @staticmethod
     def batch_tensors(batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:

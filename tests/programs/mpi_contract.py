@@ -27,8 +27,7 @@ def count_allreduces_per_update(agent, batch_size=16) -> list[int]:
         for _ in range(4):
             calls.clear()
             batch = agent.buffer.sample(batch_size, "future", 4, agent.rng)
-            agent.update({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in batch.items()
-                          if k != "indices"})
+            agent.update(agent.batch_tensors(batch))
             counts.append(len(calls))
     finally:
         mpi.start_allreduce_mean_ = original
