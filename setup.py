@@ -58,7 +58,7 @@ setup(
     ],
     extras_require={
         "ros": ROS,
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", *ROS],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "hypothesis>=6.100", *ROS],
     },
     entry_points={"console_scripts": ["her-mpi-train=her_mpi.train:main",
                                       "her-policy-node=her_mpi_runtime.ros_node:main",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import os
+import random
 import subprocess
 import sys
 import time
@@ -13,6 +14,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAMS = Path(__file__).resolve().parent / "programs"
+
+
+def ros_domain_id() -> int:
+    """A random DDS domain (100-229) for one test's ROS 2 nodes, from a range of its own for each
+    pytest-xdist worker (pytest.ini runs two), so that tests running at the same time never share one."""
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    width = 130 // workers
+    low = 100 + (worker % workers) * width
+    return random.randint(low, low + width - 1)
 
 
 def mpi_env() -> dict:

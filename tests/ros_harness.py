@@ -1,12 +1,11 @@
 """A policy controller node plus a test node that feeds it and listens to it, with real rclpy.
 
-Each harness has its own rclpy context on a random DDS domain, so tests (and other test sessions
-on the machine) do not hear each other.
+Each harness has its own rclpy context on a random DDS domain (conftest.ros_domain_id), so tests
+(the other pytest worker's, and other test sessions on the machine) do not hear each other.
 """
 
 from __future__ import annotations
 
-import random
 import time
 from collections import deque
 
@@ -17,10 +16,12 @@ from geometry_msgs.msg import PointStamped
 from rclpy.executors import SingleThreadedExecutor
 from std_msgs.msg import Float64MultiArray
 
+from conftest import ros_domain_id
+
 
 def new_context() -> rclpy.Context:
     context = rclpy.Context()
-    rclpy.init(context=context, domain_id=random.randint(100, 230))
+    rclpy.init(context=context, domain_id=ros_domain_id())
     return context
 
 

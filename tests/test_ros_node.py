@@ -3,7 +3,6 @@ launch file's structure and the console entry points (both nodes)."""
 
 import ast
 import os
-import random
 import subprocess
 import sys
 import types
@@ -19,7 +18,7 @@ from rclpy.time import Time  # noqa: E402
 from geometry_msgs.msg import PointStamped  # noqa: E402
 from std_msgs.msg import Float64MultiArray  # noqa: E402
 
-from conftest import ROOT, describe  # noqa: E402
+from conftest import ROOT, describe, ros_domain_id  # noqa: E402
 from deploy_policies import exported_policy  # noqa: E402
 from her_mpi_runtime import Policy  # noqa: E402
 from her_mpi_runtime.diagnostics import ControlStats, Window, diagnostic_array  # noqa: E402
@@ -278,7 +277,7 @@ def run_node_process(module, *args, seconds=3.0):
             f"from her_mpi_runtime import {module}\n"
             f"stop = threading.Timer({seconds}, lambda: rclpy.shutdown()); stop.daemon = True; stop.start()\n"
             f"sys.exit({module}.main(sys.argv))\n")
-    env = dict(os.environ, ROS_DOMAIN_ID=str(random.randint(100, 230)))
+    env = dict(os.environ, ROS_DOMAIN_ID=str(ros_domain_id()))
     return subprocess.run([sys.executable, "-c", code, "--ros-args", "--params-file", str(PARAMS_FILE), *args],
                           capture_output=True, text=True, timeout=60, env=env)
 
