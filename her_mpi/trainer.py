@@ -157,9 +157,10 @@ class EpochProgress:
 def reuse_large_allocations() -> None:
     """Have glibc's malloc keep freed blocks of up to 32 MB for reuse instead of unmapping them.
 
-    A batch of image observations makes tensors of 14-29 MB several times per update; by default
-    each one is a fresh mmap that page-faults in again after every free (~5,000 faults per five
-    20 MB tensors). With the CNN's channels-last copy it took the Ms. Pac-Man DQN learn phase
+    A batch of image observations makes tensors of 14-29 MB several times per update, alive
+    together and freed together; by default glibc trims a free heap top of more than twice the
+    largest such block, so every update faults them in again (four 20 MB tensors: ~20,000 minor
+    faults per round, tests/test_speed_paths.py). With the CNN's channels-last copy it took the Ms. Pac-Man DQN learn phase
     (batch 128) from 125-128 to 108-109 ms per update in a quiet epoch (bench/epoch_time.py).
     Small tensors (the MLP recipes) never reach the threshold. No-op where libc is not glibc."""
     try:
