@@ -130,6 +130,10 @@ def test_diagnostics_report_rate_latency_counts_and_the_policy_id(harness, polic
     h.spin(0.1, publish=lambda: h.goal.publish(Float64MultiArray(data=goal.tolist())))
     h.spin(1.2, publish=lambda: h.send(obs, goal))
     values = h.next_diagnostics(publish=lambda: h.send(obs, goal))
+    for _ in range(3):  # on a loaded machine the window holding the rejection may be reported late
+        if not problems_besides_rate(values["message"]):
+            break
+        values = h.next_diagnostics(publish=lambda: h.send(obs, goal))
     assert values["name"] == "her_policy_controller: policy controller"
     assert values["state"] == "active" and not problems_besides_rate(values["message"]), values["message"]
     assert values["level"] in (DiagnosticStatus.OK, DiagnosticStatus.WARN)
