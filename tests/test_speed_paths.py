@@ -363,9 +363,9 @@ def test_one_step_returns_equal_the_general_n_step_code_for_one_step(terminal, t
 def test_large_tensors_are_reused_without_page_faults_once_the_trainer_tunes_malloc():
     """reuse_large_allocations (called by the Trainer): an update's large tensors, freed together,
     are handed back for the next update instead of being trimmed off the heap and faulted in again.
-    Ten rounds of four 20 MB tensors: glibc's defaults re-fault every round (~204,000 minor faults;
-    its dynamic mmap threshold already moves lone 20 MB blocks onto the heap, but it trims a free
-    top of more than twice that); tuned, only the heap's first growth faults (0-2 blocks' worth,
+    Ten rounds of four 20 MB tensors: glibc's defaults usually re-fault every round (~204,000 minor
+    faults; its dynamic mmap threshold already moves lone 20 MB blocks onto the heap, but it trims a
+    free top of more than twice that); tuned, only the heap's first growth faults (0-2 blocks' worth,
     5,120 pages each, depending on the address-space layout)."""
     program = """
 import json, resource, torch
@@ -383,4 +383,7 @@ print(json.dumps([untuned, faults_of_reallocating()]))
     result = run_python(["-c", program])
     assert result.returncode == 0, describe(result)
     untuned, tuned = json.loads(result.stdout.strip().splitlines()[-1])
-    assert untuned > 100_000 and tuned < untuned / 10, (untuned, tuned)
+    # Without reuse, 10 rounds fault 204,800 pages; glibc's defaults usually come close (204,434) but
+    # keep the blocks when something else lands above them on the heap (25,522 seen in a full run),
+    # so only the tuned side is asserted: no more than the heap's first growth, one round's blocks.
+    assert tuned <= 4 * 5120, (untuned, tuned)
