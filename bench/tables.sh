@@ -11,6 +11,8 @@
 #     bench/tables.sh push_mrl_full   # ... plus LayerNorm networks and 10k random warm-up steps
 #     bench/tables.sh other_tasks     # PickAndPlace 600k, Slide 600k, HandReach 500k (2 seeds; RECIPE=td3)
 #     bench/tables.sh htrpo_discrete  # HTRPO FetchReach/PushDiscrete (issue 13)
+#     bench/tables.sh htrpo_push      # HTRPO continuous FetchPush, 2M steps (issue 13)
+#     bench/tables.sh ms_pacman       # HTRPO and DQN+HER on MsPacmanGoal, 2M steps (issue 13)
 #     bench/tables.sh htrpo_reach_fast  # HTRPO FetchReachDiscrete, the minutes recipe, 5 seeds it was not tuned on
 #     bench/tables.sh bitflip_dqn     # Double DQN + HER on 30, 40 and 50 bits, the recipes' budgets (issue 13)
 #     bench/tables.sh predator_prey   # PPO-HER vs PPO on the 12 predator-prey conditions, 2 seeds (issue 13)
@@ -82,6 +84,14 @@ htrpo_discrete)  # issue 13: HTRPO on the discrete Fetch tasks (the recipes' own
     for seed in 0 1 2; do
         sweep htrpo_discrete --config fetch_reach_discrete_htrpo --config fetch_push_discrete_htrpo --seeds "$seed"
     done ;;
+htrpo_push)  # issue 13: HTRPO on continuous FetchPush (2M steps: ~hours per seed here; stop and resume at will)
+    for seed in 0 1 2; do
+        sweep htrpo_push --config fetch_push_htrpo --seeds "$seed"
+    done ;;
+ms_pacman)  # issue 13: HTRPO and DQN+HER on MsPacmanGoal-v0, the recipes' 2M-step budgets
+    for seed in 0 1 2; do
+        sweep ms_pacman --config ms_pacman_goal_htrpo --config ms_pacman_goal_dqn --seeds "$seed"
+    done ;;
 htrpo_reach_fast)  # issue 13: fetch_reach_discrete_htrpo_fast on seeds 10-14 (tuned on seeds 0-4)
     sweep htrpo_reach_fast --config fetch_reach_discrete_htrpo_fast --seeds 10-14 ;;
 bitflip_dqn)  # issue 13: the HER paper's bit-flipping rows, 3 seeds
@@ -101,6 +111,6 @@ predator_prey|predator_prey_sac)  # issue 13: seed 003's 12 conditions, intercep
         done; done; done
     done ;;
 *)
-    echo "usage: bench/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|other_tasks|htrpo_discrete|htrpo_reach_fast|bitflip_dqn|predator_prey|predator_prey_sac" >&2
+    echo "usage: bench/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|other_tasks|htrpo_discrete|htrpo_push|ms_pacman|htrpo_reach_fast|bitflip_dqn|predator_prey|predator_prey_sac" >&2
     exit 2 ;;
 esac
