@@ -1,6 +1,6 @@
 """Keep a sweep's raw results in the repository and aggregate them.
 
-    python bench/collect_sweep.py runs/sweeps/push300k --name fetch_push_300k [--title ...]
+    python bench/collect_sweep.py runs/sweeps/push300k --name fetch_push_300k [--title ...] [--at 300k]
 
 Copies every run's progress.csv, config.yaml, sweep.json and finished.json (small files; no checkpoints)
 from the sweep directory to bench/results/runs/<name>/<recipe>/seed<s>/, then writes the
@@ -43,6 +43,8 @@ def main() -> int:
     parser.add_argument("--title", default=None)
     parser.add_argument("--finished-only", action="store_true",
                         help="only runs that reached their budget (a run still at 20k would cut its recipe's curve there)")
+    parser.add_argument("--at", action="append", default=[], metavar="STEPS",
+                        help="also report the IQM at this many env steps (python -m her_mpi.plot --at; repeatable)")
     args = parser.parse_args()
     destination = RESULTS / "runs" / args.name
     shutil.rmtree(destination, ignore_errors=True)  # runs left out this time must not linger
@@ -50,7 +52,7 @@ def main() -> int:
     print(f"copied {copied} run(s) to {destination.relative_to(ROOT)}")
     return subprocess.call([sys.executable, "-m", "her_mpi.plot", str(destination), "-o",
                             str(RESULTS / f"{args.name}.png"), "--table", str(RESULTS / args.name),
-                            "--title", args.title or args.name], cwd=ROOT)
+                            "--title", args.title or args.name, *[f"--at={a}" for a in args.at]], cwd=ROOT)
 
 
 if __name__ == "__main__":

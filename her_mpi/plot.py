@@ -1,6 +1,6 @@
 """Learning curves and results tables, aggregated over seeds.
 
-    python -m her_mpi.plot RUN_OR_SWEEP_DIR [...] [-o success.png] [--table results/push]
+    python -m her_mpi.plot RUN_OR_SWEEP_DIR [...] [-o success.png] [--table results/push] [--at 300k]
 
 Every directory given is searched for runs (directories with a ``progress.csv``). Runs whose
 ``config.yaml`` is the same apart from the seed (and logging/checkpoint settings) at the same
@@ -11,7 +11,9 @@ total env steps. A recipe with one run is drawn as that run's curve.
 ``--table PREFIX`` also writes PREFIX.md and PREFIX.json: per recipe, the IQM at the budget (the
 last epoch every seed reached) with its interval, env steps until the IQM curve first reaches
 0.5 / 0.8 / 0.9, seeds, ranks, test episodes per evaluation and wall-clock seconds per 100k env
-steps (median over seeds).
+steps (median over seeds). ``--at 300k`` (repeatable) adds the IQM and its interval at an earlier
+budget: the last evaluation at or before 300k env steps, so one long sweep answers both a table's
+budget and "where does it stand at 300k".
 """
 
 from __future__ import annotations
@@ -162,12 +164,36 @@ def iqm_curve(scores: np.ndarray, reps: int, seed: int = 0) -> tuple[np.ndarray,
     return point["recipe"], interval["recipe"]
 
 
+def parse_env_steps(text: str) -> int:
+    """'300000', '300_000', '300k' or '1.5M' -> env steps (an argparse type)."""
+    scale = {"k": 1_000, "m": 1_000_000}.get(text.strip()[-1:].lower(), 1)
+    number = text.strip()[:-1] if scale > 1 else text.strip()
+    try:
+        steps = float(number.replace("_", "")) * scale
+    except ValueError:
+        steps = float("nan")
+    if not (steps >= 1 and steps == int(steps)):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive number of env steps such as 300000, 300k or 1.5M")
+    return int(steps)
+
+
+def at_budget(steps: np.ndarray, curve: np.ndarray, interval, budget: int) -> dict:
+    """The IQM and interval at the last evaluation at or before ``budget`` env steps; None when the
+    runs stop more than 1% short of it (episodes that end early make totals slightly uneven)."""
+    index = np.nonzero(steps <= budget)[0]
+    if steps[-1] < 0.99 * budget or not len(index):
+        return {"budget_env_steps": budget, "env_steps": None, "iqm_success": None, "ci95": None}
+    i = int(index[-1])
+    return {"budget_env_steps": budget, "env_steps": int(steps[i]), "iqm_success": float(curve[i]),
+            "ci95": [float(interval[0][i]), float(interval[1][i])]}
+
+
 def first_crossing(steps: np.ndarray, curve: np.ndarray, threshold: float) -> int | None:
     reached = np.nonzero(curve >= threshold)[0]
     return int(steps[reached[0]]) if len(reached) else None
 
 
-def summarise(recipe: Recipe, reps: int) -> dict:
+def summarise(recipe: Recipe, reps: int, at: tuple[int, ...] = ()) -> dict:
     steps = recipe.env_steps()
     curve, interval = iqm_curve(recipe.scores(), reps)
     seconds_per_100k = [float(r.column("time_s")[-1] / r.column("env_steps")[-1] * 1e5) for r in recipe.runs]
@@ -182,6 +208,7 @@ def summarise(recipe: Recipe, reps: int) -> dict:
         "budget_env_steps": int(steps[-1]),
         "iqm_success": float(curve[-1]), "ci95": [float(interval[0][-1]), float(interval[1][-1])],
         **{f"steps_to_{t}": first_crossing(steps, curve, t) for t in THRESHOLDS},
+        "at": [at_budget(steps, curve, interval, budget) for budget in at],
         "seconds_per_100k_env_steps": float(np.median(seconds_per_100k)),
         "test_episodes_per_eval": None if np.isnan(test_episodes) else int(test_episodes),
         "curve": {"env_steps": [int(s) for s in steps], "iqm": [float(v) for v in curve],
@@ -197,13 +224,19 @@ def markdown_table(summaries: list[dict]) -> str:
             return "not reached"
         return f"{value / 1000:,.0f}k" if value >= 100_000 else f"{value / 1000:.3g}k"
 
-    lines = ["| recipe | seeds | ranks | budget (env steps) | IQM success [95% CI] | to 0.5 | to 0.8 | to 0.9 | s / 100k steps |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    def iqm(value, interval):
+        return "runs too short" if value is None else f"{value:.2f} [{interval[0]:.2f}, {interval[1]:.2f}]"
+
+    budgets = [a["budget_env_steps"] for a in summaries[0].get("at", [])] if summaries else []
+    lines = ["| recipe | seeds | ranks | budget (env steps) | IQM success [95% CI] | "
+             + "".join(f"IQM at {steps(b)} | " for b in budgets) + "to 0.5 | to 0.8 | to 0.9 | s / 100k steps |",
+             "|---|---|---|---|---|" + "---|" * len(budgets) + "---|---|---|---|"]
     for s in summaries:
         lines.append(f"| {s['recipe'].split(' (np=')[0]} | {len(s['seeds'])} ({', '.join(map(str, s['seeds']))}) | "
-                     f"{s['n_ranks']} | {s['budget_env_steps'] / 1000:,.0f}k | {s['iqm_success']:.2f} "
-                     f"[{s['ci95'][0]:.2f}, {s['ci95'][1]:.2f}] | {steps(s['steps_to_0.5'])} | "
-                     f"{steps(s['steps_to_0.8'])} | {steps(s['steps_to_0.9'])} | {s['seconds_per_100k_env_steps']:,.0f} |")
+                     f"{s['n_ranks']} | {s['budget_env_steps'] / 1000:,.0f}k | {iqm(s['iqm_success'], s['ci95'])} | "
+                     + "".join(f"{iqm(a['iqm_success'], a['ci95'])} | " for a in s.get("at", []))
+                     + f"{steps(s['steps_to_0.5'])} | {steps(s['steps_to_0.8'])} | {steps(s['steps_to_0.9'])} | "
+                     f"{s['seconds_per_100k_env_steps']:,.0f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -238,6 +271,8 @@ def main(argv=None) -> int:
     parser.add_argument("--output", "-o", type=Path, default=Path("success.png"), help="PNG file to write")
     parser.add_argument("--table", type=Path, metavar="PREFIX", help="also write PREFIX.md and PREFIX.json")
     parser.add_argument("--title", default="Test success rate")
+    parser.add_argument("--at", type=parse_env_steps, action="append", default=[], metavar="STEPS",
+                        help="also report the IQM at this many env steps (e.g. 300k; repeatable)")
     parser.add_argument("--reps", type=int, default=2000, help="bootstrap replications (default 2000)")
     args = parser.parse_args(argv)
     if args.reps < 100:
@@ -247,7 +282,7 @@ def main(argv=None) -> int:
     if not runs:
         raise SystemExit("her_mpi.plot: no run has finished an epoch yet")
     recipes = group(runs)
-    summaries = [summarise(recipe, args.reps) for recipe in recipes]
+    summaries = [summarise(recipe, args.reps, tuple(args.at)) for recipe in recipes]
     args.output.parent.mkdir(parents=True, exist_ok=True)
     plot(recipes, summaries, args.output, args.title)
     print(f"wrote {args.output}")

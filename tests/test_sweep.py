@@ -1,6 +1,7 @@
 """The evidence instrument: independent seeds, the resumable sweep runner, and aggregation over
 seeds (IQM with a stratified bootstrap interval, steps to a threshold)."""
 
+import argparse
 import csv
 import json
 import signal
@@ -221,6 +222,33 @@ def test_aggregate_uses_the_epochs_every_seed_reached(tmp_path):
     summary = plot.summarise(recipe, reps=500)
     assert summary["epochs"] == 2 and summary["epochs_per_seed"] == [3, 2]
     assert summary["budget_env_steps"] == 20_000
+
+
+def test_iqm_at_an_earlier_budget_reads_the_last_evaluation_before_it(tmp_path):
+    for seed, final in enumerate(FINALS):
+        fake_run(tmp_path / f"seed{seed}", seed, [0.0, final / 2, final])  # 10k, 20k, 30k env steps
+    (recipe,) = plot.group(plot.find_runs([tmp_path]))
+    summary = plot.summarise(recipe, reps=500, at=(20_000, 25_000, 30_000, 40_000))
+    at = {a["budget_env_steps"]: a for a in summary["at"]}
+    assert at[20_000]["iqm_success"] == pytest.approx(0.2) and at[20_000]["env_steps"] == 20_000
+    assert at[25_000]["env_steps"] == 20_000  # the evaluation at or before the budget, never after
+    assert at[30_000]["iqm_success"] == pytest.approx(summary["iqm_success"])
+    assert at[20_000]["ci95"][0] <= 0.2 <= at[20_000]["ci95"][1]
+    assert at[40_000]["iqm_success"] is None  # the runs stop short of it: no number is made up
+    assert "| IQM at 20k | IQM at 25k | IQM at 30k | IQM at 40k |" in plot.markdown_table([summary])
+    assert "runs too short" in plot.markdown_table([summary])
+
+
+@pytest.mark.parametrize("text, steps", [("300000", 300_000), ("300_000", 300_000), ("300k", 300_000),
+                                         ("1.5M", 1_500_000), ("2m", 2_000_000)])
+def test_env_step_budgets_parse_with_suffixes(text, steps):
+    assert plot.parse_env_steps(text) == steps
+
+
+@pytest.mark.parametrize("text", ["3x", "", "-5k", "0", "1.5", "k"])
+def test_a_bad_env_step_budget_is_named_in_the_error(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="expected a positive number of env steps"):
+        plot.parse_env_steps(text)
 
 
 def test_plot_command_writes_png_markdown_and_json(tmp_path):
