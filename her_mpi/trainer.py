@@ -305,7 +305,8 @@ class Trainer:
         self._save(epoch, row=row)
         if self.logger is not None:
             if (epoch + 1) % self.config.log.print_every == 0 or epoch + 1 == train.n_epochs:
-                remaining = (train.n_epochs - epoch - 1) * float(np.mean(self.epoch_times[-5:]))
+                # median: one stalled epoch (a paused job, a slow filesystem) does not inflate the ETA
+                remaining = (train.n_epochs - epoch - 1) * float(np.median(self.epoch_times[-5:]))
                 print(progress_line(row, train.n_epochs, self.epoch_times[-1], remaining), flush=True)
             if self.video is not None and self.video.due(epoch):  # rank 0 only, no collective
                 print(self.video.record(self.agent, epoch, row["env_steps"], self.logger.writer), flush=True)
