@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from her_mpi.config import ConfigError, load_config, resolve_recipe
 from her_mpi.logger import format_duration
 
@@ -62,9 +64,14 @@ class Run:
         return (self.run_dir / FINISHED).is_file() and self.epochs_done() >= self.n_epochs
 
     def seconds_per_epoch(self) -> float | None:
-        """Measured so far (progress.csv's time_s runs on across resumes), None before epoch 1."""
-        done = self.epochs_done()
-        return float(last_row(self.run_dir)["time_s"]) / done if done else None
+        """Median epoch duration so far (progress.csv's time_s runs on across resumes), None before
+        epoch 1. The median, so that an epoch stalled by a pause or a restart does not set the ETA."""
+        progress = self.run_dir / "progress.csv"
+        if not progress.is_file():
+            return None
+        with open(progress, newline="") as f:
+            times = [float(row["time_s"]) for row in csv.DictReader(f) if row.get("time_s")]
+        return float(np.median(np.diff([0.0, *times]))) if times else None
 
     def can_resume(self) -> bool:
         return (self.run_dir / "checkpoints" / "latest.pt").is_file()

@@ -161,6 +161,19 @@ def fake_run(directory, seed: int, success: list[float], lr: float = 1e-3, n_ran
             writer.writerow([epoch, steps, steps // n_ranks, n_ranks, value, 0, 30.0 * (epoch + 1), 50])
 
 
+def test_the_eta_ignores_an_epoch_stalled_by_a_pause(tmp_path):
+    from her_mpi.sweep import Run, Sweep
+    run = Run("fetch_push_td3", "fetch_push_td3", 0, tmp_path / "seed0", n_epochs=10)
+    assert run.seconds_per_epoch() is None  # nothing measured yet
+    fake_run(run.run_dir, 0, [0.0] * 4)  # epochs of 30 s each
+    rows = (run.run_dir / "progress.csv").read_text().splitlines()
+    rows[3] = rows[3].replace(",90.0,", ",1290.0,")  # the third epoch held up by a 20-minute pause
+    rows[4] = rows[4].replace(",120.0,", ",1320.0,")
+    (run.run_dir / "progress.csv").write_text("\n".join(rows) + "\n")
+    assert run.seconds_per_epoch() == pytest.approx(30.0)
+    assert Sweep([run], n_ranks=2, parallel=1, log_dir=tmp_path).eta() == pytest.approx(6 * 30.0)
+
+
 def test_runs_written_by_another_version_of_the_package_still_group_together(tmp_path):
     """A run resumed into a newer version keeps its old config.yaml: keys added since (at their
     defaults) and renamed keys must not split a recipe's seeds into two curves."""
