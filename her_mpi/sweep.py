@@ -54,11 +54,7 @@ class Run:
 
     def epochs_done(self) -> int:
         """Epochs in progress.csv (rows are written before each checkpoint)."""
-        progress = self.run_dir / "progress.csv"
-        if not progress.is_file():
-            return 0
-        with open(progress, newline="") as f:
-            return len(list(csv.DictReader(f)))
+        return len(progress_rows(self.run_dir))
 
     def is_finished(self) -> bool:
         return (self.run_dir / FINISHED).is_file() and self.epochs_done() >= self.n_epochs
@@ -66,11 +62,7 @@ class Run:
     def seconds_per_epoch(self) -> float | None:
         """Median epoch duration so far (progress.csv's time_s runs on across resumes), None before
         epoch 1. The median, so that an epoch stalled by a pause or a restart does not set the ETA."""
-        progress = self.run_dir / "progress.csv"
-        if not progress.is_file():
-            return None
-        with open(progress, newline="") as f:
-            times = [float(row["time_s"]) for row in csv.DictReader(f) if row.get("time_s")]
+        times = [float(row["time_s"]) for row in progress_rows(self.run_dir) if row.get("time_s")]
         return float(np.median(np.diff([0.0, *times]))) if times else None
 
     def can_resume(self) -> bool:
@@ -143,9 +135,17 @@ def job_env() -> dict:
     return env
 
 
+def progress_rows(run_dir: Path) -> list[dict]:
+    """The run's progress.csv rows (none before its first epoch)."""
+    progress = run_dir / "progress.csv"
+    if not progress.is_file():
+        return []
+    with open(progress, newline="") as f:
+        return list(csv.DictReader(f))
+
+
 def last_row(run_dir: Path) -> dict:
-    with open(run_dir / "progress.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = progress_rows(run_dir)
     return rows[-1] if rows else {}
 
 
