@@ -4,7 +4,7 @@
 # skipped, interrupted ones resume from their last checkpoint. Then keep the results in the repository:
 #     python bench/collect_sweep.py runs/sweeps/<table> --name <table>
 #
-#     bench/tables.sh push            # FetchPush 300k: TD3, td3_fast, SAC, TD3/DDPG+KFAC, DDPG (3 seeds)
+#     bench/tables.sh push            # FetchPush 300k: TD3, SAC, TD3/DDPG+KFAC, DDPG, then td3_fast (3 seeds)
 #     bench/tables.sh push_ablation   # td3_fast's levers one at a time, 5 seeds (issue 12)
 #     bench/tables.sh push_levers     # TD3 + energy prioritization, 2x updates, batch 512 (issue 12)
 #     bench/tables.sh push_mrl        # TD3 with mrl's best Fetch settings the package has (issues 11, 12)
@@ -40,14 +40,13 @@ MRL_SETTINGS=(--set train.n_epochs=30 --set train.batch_size=1000 --set train.n_
               --set replay.actual_k=2 --set algo.random_eps=0.2 --set algo.noise_eps=0.1 --set algo.action_l2=0.01)
 
 case "${1:-}" in
-push)  # issue 11's FetchPush rows at 300k env steps (30 epochs of 10k at np=2)
+push)  # issue 11's FetchPush rows at 300k env steps (30 epochs of 10k at np=2); its five recipes seed by
+    # seed, so a table stopped early compares them all; the td3_fast lever recipe after them
     for seed in 0 1 2; do
-        sweep push --config fetch_push_td3_fast --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30
+        sweep push --config fetch_push_td3 --config fetch_push_sac --config fetch_push_td3_kfac \
+            --config fetch_push_ddpg_kfac --config fetch_push_ddpg --seeds "$seed" --set train.n_epochs=30
     done
-    for seed in 0 1 2; do
-        sweep push --config fetch_push_sac --config fetch_push_td3_kfac --config fetch_push_ddpg_kfac \
-            --config fetch_push_ddpg --seeds "$seed" --set train.n_epochs=30
-    done ;;
+    sweep push --config fetch_push_td3_fast --seeds 0-2 --set train.n_epochs=30 ;;
 push_ablation)  # issue 12: each of td3_fast's levers alone on TD3 (td3 and td3_fast themselves: push)
     for seed in 0 1 2 3 4; do
         sweep push_ablation/nstep3 --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30 --set algo.n_step=3
