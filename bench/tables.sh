@@ -15,6 +15,8 @@
 #     bench/tables.sh htrpo_discrete  # HTRPO FetchReach/PushDiscrete (issue 13)
 #     bench/tables.sh htrpo_push      # HTRPO continuous FetchPush, 2M steps (issue 13)
 #     bench/tables.sh ms_pacman       # HTRPO and DQN+HER on MsPacmanGoal, 2M steps (issue 13)
+#     bench/tables.sh htrpo_bits      # HTRPO on 16 and 32 bits (issue 13)
+#     EPOCHS=20 bench/tables.sh htrpo_push  # the long issue-13 tables capped at 20 epochs per run (resume later uncapped)
 #     bench/tables.sh htrpo_reach_fast  # HTRPO FetchReachDiscrete, the minutes recipe, 5 seeds it was not tuned on
 #     bench/tables.sh bitflip_dqn     # Double DQN + HER on 30, 40 and 50 bits, the recipes' budgets (issue 13)
 #     bench/tables.sh predator_prey   # PPO-HER vs PPO on the 12 predator-prey conditions, 2 seeds (issue 13)
@@ -29,6 +31,10 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 TREE="${SWEEP_TREE:-$ROOT}"
 OUT="${SWEEP_OUT:-$ROOT/runs/sweeps}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+# EPOCHS=N caps the long issue-13 tables at N epochs per run ("the longest that fits"); running the
+# table again with a larger EPOCHS (or none: the recipe's budget) resumes those runs and trains on.
+cap=(); if [ -n "${EPOCHS:-}" ]; then cap=(--set "train.n_epochs=$EPOCHS"); fi
 
 sweep() {  # sweep TABLE ARGS...: one her_mpi.sweep into OUT/TABLE
     local table=$1; shift
@@ -78,8 +84,8 @@ push_td3_diag)  # issue 11: TD3 = DDPG + twin critics + actor every 2nd update +
     # every 2 updates at polyak 0.99 (DDPG: once per 40-update cycle at 0.95, 4x slower). Undo one at a time; seed
     # 1 first, where DDPG reaches 0.80 at 300k and TD3 0.08
     for seed in 1 2 0; do
-        sweep push_td3_diag/one_critic --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30 --set algo.n_critics=1
         sweep push_td3_diag/delay1 --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30 --set algo.policy_delay=1
+        sweep push_td3_diag/one_critic --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30 --set algo.n_critics=1
         sweep push_td3_diag/no_smoothing --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30 \
             --set algo.target_noise=0
         sweep push_td3_diag/slow_targets --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30 \
@@ -100,15 +106,19 @@ other_tasks)  # issue 11: the best Push recipe on the other robotics tasks, 2 se
     done ;;
 htrpo_discrete)  # issue 13: HTRPO on the discrete Fetch tasks (the recipes' own budgets)
     for seed in 0 1 2; do
-        sweep htrpo_discrete --config fetch_reach_discrete_htrpo --config fetch_push_discrete_htrpo --seeds "$seed"
+        sweep htrpo_discrete --config fetch_reach_discrete_htrpo --config fetch_push_discrete_htrpo --seeds "$seed" "${cap[@]}"
     done ;;
 htrpo_push)  # issue 13: HTRPO on continuous FetchPush (2M steps: ~hours per seed here; stop and resume at will)
     for seed in 0 1 2; do
-        sweep htrpo_push --config fetch_push_htrpo --seeds "$seed"
+        sweep htrpo_push --config fetch_push_htrpo --seeds "$seed" "${cap[@]}"
     done ;;
 ms_pacman)  # issue 13: HTRPO and DQN+HER on MsPacmanGoal-v0, the recipes' 2M-step budgets
     for seed in 0 1 2; do
-        sweep ms_pacman --config ms_pacman_goal_htrpo --config ms_pacman_goal_dqn --seeds "$seed"
+        sweep ms_pacman --config ms_pacman_goal_htrpo --config ms_pacman_goal_dqn --seeds "$seed" "${cap[@]}"
+    done ;;
+htrpo_bits)  # issue 13: HTRPO on 16 and 32 bits, the authors' configs (bitflip_{16,32}_htrpo), 3 seeds
+    for seed in 0 1 2; do
+        sweep htrpo_bits --config bitflip_16_htrpo --config bitflip_32_htrpo --seeds "$seed" "${cap[@]}"
     done ;;
 htrpo_reach_fast)  # issue 13: fetch_reach_discrete_htrpo_fast on seeds 10-14 (tuned on seeds 0-4)
     sweep htrpo_reach_fast --config fetch_reach_discrete_htrpo_fast --seeds 10-14 ;;
@@ -129,6 +139,6 @@ predator_prey|predator_prey_sac)  # issue 13: seed 003's 12 conditions, intercep
         done; done; done
     done ;;
 *)
-    echo "usage: bench/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|other_tasks|htrpo_discrete|htrpo_push|ms_pacman|htrpo_reach_fast|bitflip_dqn|predator_prey|predator_prey_sac" >&2
+    echo "usage: bench/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|other_tasks|htrpo_discrete|htrpo_push|ms_pacman|htrpo_reach_fast|htrpo_bits|bitflip_dqn|predator_prey|predator_prey_sac" >&2
     exit 2 ;;
 esac
