@@ -85,11 +85,11 @@ push_td3_diag)  # issue 11: TD3 = DDPG + twin critics + actor every 2nd update +
     # 1 first, where DDPG reaches 0.80 at 300k and TD3 0.08
     for seed in 1 2 0; do
         sweep push_td3_diag/delay1 --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30 --set algo.policy_delay=1
+        sweep push_td3_diag/slow_targets --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30 \
+            --set algo.target_update_every=0 --set algo.polyak=0.95
         sweep push_td3_diag/one_critic --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30 --set algo.n_critics=1
         sweep push_td3_diag/no_smoothing --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30 \
             --set algo.target_noise=0
-        sweep push_td3_diag/slow_targets --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30 \
-            --set algo.target_update_every=0 --set algo.polyak=0.95
     done ;;
 push_sac_diag)  # issue 11: which of SAC's two Push fixes matters; the entropy bonus after the target clip
     # (6ecee16) is code, the 30% random actions (1df86e6) a setting: SAC without them, seeds 0 and 2 (0.98, 0.86)
