@@ -86,6 +86,9 @@ push_td3_diag)  # issue 11: TD3 = DDPG + twin critics + actor every 2nd update +
     # 1 first, where DDPG reaches 0.80 at 300k and TD3 0.08. VARIANTS="delay1 ..." runs only those
     declare -A undo=([delay1]="algo.policy_delay=1" [slow_targets]="algo.target_update_every=0 algo.polyak=0.95"
                      [one_critic]="algo.n_critics=1" [no_smoothing]="algo.target_noise=0")
+    for variant in ${VARIANTS:-}; do  # a misspelt variant is an error before any run starts
+        [ -n "${undo[$variant]+set}" ] || { echo "bench/tables.sh: VARIANTS has '$variant', expected some of: ${!undo[*]}" >&2; exit 2; }
+    done
     for seed in 1 2 0; do
         for variant in ${VARIANTS:-delay1 slow_targets one_critic no_smoothing}; do
             sets=(); for kv in ${undo[$variant]}; do sets+=(--set "$kv"); done
@@ -140,6 +143,6 @@ predator_prey|predator_prey_sac)  # issue 13: seed 003's 12 conditions, intercep
         done; done; done
     done ;;
 *)
-    echo "usage: bench/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|other_tasks|htrpo_discrete|htrpo_push|ms_pacman|htrpo_reach_fast|htrpo_bits|bitflip_dqn|predator_prey|predator_prey_sac" >&2
+    echo "usage: bench/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|push_td3_diag|push_sac_diag|other_tasks|htrpo_discrete|htrpo_push|ms_pacman|htrpo_reach_fast|htrpo_bits|bitflip_dqn|predator_prey|predator_prey_sac" >&2
     exit 2 ;;
 esac
