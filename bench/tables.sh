@@ -11,6 +11,7 @@
 #     bench/tables.sh push_mrl_full   # ... plus LayerNorm networks and 10k random warm-up steps
 #     bench/tables.sh push_td3_diag   # why TD3 fails Push where DDPG learns: TD3 with one of its changes to DDPG undone
 #     VARIANTS=delay1 bench/tables.sh push_td3_diag  # ... only some of the four
+#     EPOCHS=60 SEEDS="2 0 1" VARIANTS=delay1 bench/tables.sh push_td3_diag  # ... trained on to 600k
 #     bench/tables.sh push_sac_diag   # SAC's Push fix: SAC without its 30% random actions
 #     bench/tables.sh other_tasks     # PickAndPlace 600k, Slide 600k (RECIPE=td3), HandReach 500k (HAND_RECIPE=ddpg), 2 seeds
 #     bench/tables.sh htrpo_discrete  # HTRPO FetchReach/PushDiscrete (issue 13)
@@ -83,16 +84,17 @@ push_mrl_full)  # push_mrl plus mrl's LayerNorm networks and 10k steps of random
     done ;;
 push_td3_diag)  # issue 11: TD3 = DDPG + twin critics + actor every 2nd update + target smoothing + targets moved
     # every 2 updates at polyak 0.99 (DDPG: once per 40-update cycle at 0.95, 4x slower). Undo one at a time; seed
-    # 1 first, where DDPG reaches 0.80 at 300k and TD3 0.08. VARIANTS="delay1 ..." runs only those
+    # 1 first, where DDPG reaches 0.80 at 300k and TD3 0.08. VARIANTS="delay1 ..." runs only those;
+    # SEEDS="2 0" picks seeds; EPOCHS=60 trains those runs on to 600k (they resume from their checkpoints)
     declare -A undo=([delay1]="algo.policy_delay=1" [slow_targets]="algo.target_update_every=0 algo.polyak=0.95"
                      [one_critic]="algo.n_critics=1" [no_smoothing]="algo.target_noise=0")
     for variant in ${VARIANTS:-}; do  # a misspelt variant is an error before any run starts
         [ -n "${undo[$variant]+set}" ] || { echo "bench/tables.sh: VARIANTS has '$variant', expected some of: ${!undo[*]}" >&2; exit 2; }
     done
-    for seed in 1 2 0; do
+    for seed in ${SEEDS:-1 2 0}; do
         for variant in ${VARIANTS:-delay1 slow_targets one_critic no_smoothing}; do
             sets=(); for kv in ${undo[$variant]}; do sets+=(--set "$kv"); done
-            sweep "push_td3_diag/$variant" --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30 "${sets[@]}"
+            sweep "push_td3_diag/$variant" --config fetch_push_td3 --seeds "$seed" --set "train.n_epochs=${EPOCHS:-30}" "${sets[@]}"
         done
     done ;;
 push_sac_diag)  # issue 11: which of SAC's two Push fixes matters; the entropy bonus after the target clip
