@@ -43,10 +43,14 @@ sweep() {  # sweep TABLE ARGS...: one her_mpi.sweep into OUT/TABLE
     (cd "$TREE" && PYTHONPATH="$TREE:$TREE/export" python -m her_mpi.sweep --np 2 --out "$OUT/$table" "$@")
 }
 
+# The issue-12 screening tables (push_ablation, push_levers, push_mrl*) and push_td3_diag ran TD3 with its
+# default policy delay 2, before fetch_push_td3 moved to an actor step on every update (delay 1)
+TD3_DELAY2=(--set algo.policy_delay=2)
+
 # mrl's best Fetch settings that the package has, FetchPush 300k: batch 2000 across the 2 ranks, 0.125
 # updates per env step (2.5x the samples replayed per env step of the baselines schedule at np=2),
 # futureactual 2_2, 20% random actions, noise 0.1, action L2 0.01
-MRL_SETTINGS=(--set train.n_epochs=30 --set train.batch_size=1000 --set train.n_batches=25 --set replay.replay_k=2
+MRL_SETTINGS=(--set algo.policy_delay=2 --set train.n_epochs=30 --set train.batch_size=1000 --set train.n_batches=25 --set replay.replay_k=2
               --set replay.actual_k=2 --set algo.random_eps=0.2 --set algo.noise_eps=0.1 --set algo.action_l2=0.01)
 
 case "${1:-}" in
@@ -59,18 +63,18 @@ push)  # issue 11's FetchPush rows at 300k env steps (30 epochs of 10k at np=2);
     sweep push --config fetch_push_td3_fast --seeds 0-2 --set train.n_epochs=30 ;;
 push_ablation)  # issue 12: each of td3_fast's levers alone on TD3 (td3 and td3_fast themselves: push)
     for seed in 0 1 2 3 4; do
-        sweep push_ablation/nstep3 --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30 --set algo.n_step=3
-        sweep push_ablation/futureactual22 --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30 \
+        sweep push_ablation/nstep3 --config fetch_push_td3 "${TD3_DELAY2[@]}" --seeds "$seed" --set train.n_epochs=30 --set algo.n_step=3
+        sweep push_ablation/futureactual22 --config fetch_push_td3 "${TD3_DELAY2[@]}" --seeds "$seed" --set train.n_epochs=30 \
             --set replay.replay_k=2 --set replay.actual_k=2
     done ;;
 push_levers)  # issue 12: energy-based episode prioritization; twice the samples replayed per env step, as
     # twice the updates (n_batches 80: 0.4 updates per env step at np=2, baselines' rate at np=1) or as batch 512
     for seed in 0 1 2; do
-        sweep push_levers/updates80 --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30 \
+        sweep push_levers/updates80 --config fetch_push_td3 "${TD3_DELAY2[@]}" --seeds "$seed" --set train.n_epochs=30 \
             --set train.n_batches=80
-        sweep push_levers/energy --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30 \
+        sweep push_levers/energy --config fetch_push_td3 "${TD3_DELAY2[@]}" --seeds "$seed" --set train.n_epochs=30 \
             --set replay.episode_priority=energy
-        sweep push_levers/batch512 --config fetch_push_td3 --seeds "$seed" --set train.n_epochs=30 \
+        sweep push_levers/batch512 --config fetch_push_td3 "${TD3_DELAY2[@]}" --seeds "$seed" --set train.n_epochs=30 \
             --set train.batch_size=512
     done ;;
 push_mrl)  # issues 11/12: TD3 with the settings of mrl's best Fetch config that the package has
@@ -86,8 +90,8 @@ push_td3_diag)  # issue 11: TD3 = DDPG + twin critics + actor every 2nd update +
     # every 2 updates at polyak 0.99 (DDPG: once per 40-update cycle at 0.95, 4x slower). Undo one at a time; seed
     # 1 first, where DDPG reaches 0.80 at 300k and TD3 0.08. VARIANTS="delay1 ..." runs only those;
     # SEEDS="2 0" picks seeds; EPOCHS=60 trains those runs on to 600k (they resume from their checkpoints)
-    declare -A undo=([delay1]="algo.policy_delay=1" [slow_targets]="algo.target_update_every=0 algo.polyak=0.95"
-                     [one_critic]="algo.n_critics=1" [no_smoothing]="algo.target_noise=0")
+    declare -A undo=([delay1]="algo.policy_delay=1" [slow_targets]="algo.policy_delay=2 algo.target_update_every=0 algo.polyak=0.95"
+                     [one_critic]="algo.policy_delay=2 algo.n_critics=1" [no_smoothing]="algo.policy_delay=2 algo.target_noise=0")
     for variant in ${VARIANTS:-}; do  # a misspelt variant is an error before any run starts
         [ -n "${undo[$variant]+set}" ] || { echo "bench/tables.sh: VARIANTS has '$variant', expected some of: ${!undo[*]}" >&2; exit 2; }
     done
