@@ -189,3 +189,22 @@ def test_reachable_cells_include_every_cell_a_random_walk_reports():
 @pytest.mark.slow
 def test_reachable_mask_is_the_derivation():
     np.testing.assert_array_equal(derive_reachable_cells(), REACHABLE)
+
+
+@pytest.mark.parametrize("start", ["random", "zeros"])
+def test_bit_flipping_starts_where_its_paper_does(start):
+    """HER's task starts from random bits, HTRPO's from all zeros; the target is never the start."""
+    env = make_env(EnvConfig("BitFlipping-v0", {"n_bits": 6, "start": start}))
+    starts = []
+    for seed in range(40):
+        obs, _ = env.reset(seed=seed)
+        assert not np.array_equal(obs["achieved_goal"], obs["desired_goal"])
+        starts.append(obs["observation"])
+    starts = np.array(starts)
+    assert (starts.sum() == 0) == (start == "zeros")
+    env.close()
+
+
+def test_bit_flipping_names_a_bad_start():
+    with pytest.raises(ValueError, match="start must be one of random, zeros, got 'ones'"):
+        make_env(EnvConfig("BitFlipping-v0", {"n_bits": 6, "start": "ones"}))

@@ -3,7 +3,8 @@
 A gymnasium goal env: dict observations (``observation`` = ``achieved_goal`` = the bits,
 ``desired_goal`` = the target bits), ``Discrete(n)`` actions, reward -1 until the bits match the
 goal and 0 when they do, which ends the episode. Episodes last at most ``horizon`` (default n)
-steps. ``compute_reward`` and ``compute_terminated`` are vectorised over batches of goals.
+steps. ``start`` picks the initial bits: ``"random"`` (the HER paper's task) or ``"zeros"`` (the
+HTRPO paper's: "the first array is initialized with all 0's"), the target uniform either way. ``compute_reward`` and ``compute_terminated`` are vectorised over batches of goals.
 """
 
 from __future__ import annotations
@@ -15,11 +16,16 @@ import numpy as np
 class BitFlippingEnv(gym.Env):
     metadata = {"render_modes": []}
 
-    def __init__(self, n_bits: int = 10, horizon: int | None = None):
+    STARTS = ("random", "zeros")
+
+    def __init__(self, n_bits: int = 10, horizon: int | None = None, start: str = "random"):
         if not isinstance(n_bits, (int, np.integer)) or isinstance(n_bits, bool) or n_bits < 1:
             raise ValueError(f"BitFlipping-v0: n_bits must be an integer >= 1, got {n_bits!r}")
         if horizon is not None and (not isinstance(horizon, (int, np.integer)) or horizon < 1):
             raise ValueError(f"BitFlipping-v0: horizon must be an integer >= 1 or None, got {horizon!r}")
+        if start not in self.STARTS:
+            raise ValueError(f"BitFlipping-v0: start must be one of {', '.join(self.STARTS)}, got {start!r}")
+        self.start = start
         self.n_bits = int(n_bits)
         self.horizon = int(horizon) if horizon is not None else self.n_bits
         bits = gym.spaces.Box(0.0, 1.0, (self.n_bits,), np.float32)
@@ -34,7 +40,10 @@ class BitFlippingEnv(gym.Env):
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
-        self.state = self.np_random.integers(0, 2, self.n_bits).astype(np.float32)
+        if self.start == "zeros":
+            self.state = np.zeros(self.n_bits, np.float32)
+        else:
+            self.state = self.np_random.integers(0, 2, self.n_bits).astype(np.float32)
         self.goal = self.state
         while np.array_equal(self.goal, self.state):  # never start at the goal
             self.goal = self.np_random.integers(0, 2, self.n_bits).astype(np.float32)
