@@ -2,7 +2,7 @@
 
     python bench/collect_sweep.py runs/sweeps/push300k --name fetch_push_300k [--title ...] [--at 300k]
 
-Copies every run's progress.csv, config.yaml, sweep.json and finished.json (small files; no checkpoints)
+Copies every run's progress.csv, config.yaml, provenance.yaml, sweep.json and finished.json (small files; no checkpoints)
 from the sweep directory to bench/results/runs/<name>/<recipe>/seed<s>/, then writes the
 aggregate curves and table with ``python -m her_mpi.plot``: bench/results/<name>.png, .md and
 .json. Runs still going are included with the epochs they have; run it again as they finish.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-KEPT = ("progress.csv", "config.yaml", "finished.json", "resumes.yaml", "sweep.json")
+KEPT = ("progress.csv", "config.yaml", "provenance.yaml", "finished.json", "resumes.yaml", "sweep.json")
 
 
 def copy_runs(sweep: Path, destination: Path, finished_only: bool = False) -> int:

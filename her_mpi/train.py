@@ -28,6 +28,7 @@ import yaml
 
 from her_mpi import mpi
 from her_mpi.checkpoint import CheckpointWriteError, atomic_write, load_checkpoint
+from her_mpi.provenance import provenance
 from her_mpi.config import (RECIPES_DIR, SECTIONS, Config, ConfigError, apply_override, check_unused,
                             config_from_dict, list_keys, load_config, overrides_tree, recipe_names)
 
@@ -124,12 +125,16 @@ def flatten(tree: dict, prefix: str = "") -> dict:
 
 
 def record_run_start(args: argparse.Namespace, config: Config, run_dir: Path, resume: dict | None) -> None:
-    """Rank 0, before training: a new run writes config.yaml; a resume keeps it and appends what
-    it changed to resumes.yaml (time, command line, n_ranks, the checkpoint it starts from)."""
+    """Rank 0, before training: a new run writes config.yaml and provenance.yaml (package versions,
+    Python, CPU); a resume keeps them and appends what it changed to resumes.yaml (time, command
+    line, n_ranks, the checkpoint it starts from, its own provenance)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.yaml"
     if resume is None or not config_path.is_file():
         atomic_write(config_path, lambda f: f.write(config.to_yaml()), mode="w")
+    if resume is None or not (run_dir / "provenance.yaml").is_file():
+        atomic_write(run_dir / "provenance.yaml", lambda f: f.write(yaml.safe_dump(provenance(), sort_keys=False)),
+                     mode="w")
     if resume is None:
         return
     before, after = flatten(resume["config"]), flatten(config.to_dict())
@@ -143,6 +148,7 @@ def record_run_start(args: argparse.Namespace, config: Config, run_dir: Path, re
         "changed": {key: {"before": before.get(key), "after": after.get(key)}
                     for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)},
         "command": " ".join(sys.argv),
+        "provenance": provenance(),
     }
     resumes_path = run_dir / "resumes.yaml"
     history = []

@@ -139,6 +139,10 @@ def test_off_policy_resume_is_exact_after_an_epoch_end_and_a_mid_epoch_stop(tmp_
     assert [r["from_checkpoint"]["cycle"] for r in resumes] == [0, 1]
     assert resumes[0]["n_ranks"] == 2 and resumes[0]["overrides"] == []
     assert (run_dir / "config.yaml").read_text() == (reference / "config.yaml").read_text()
+    # and what the run was made with: the versions installed here
+    made_with = yaml.safe_load((run_dir / "provenance.yaml").read_text())
+    assert made_with["packages"]["numpy"] == np.__version__ and made_with["packages"]["torch"] == torch.__version__
+    assert resumes[1]["provenance"]["packages"] == made_with["packages"]
 
 
 def test_on_policy_resume_is_exact_after_a_mid_epoch_stop(tmp_path):
