@@ -28,9 +28,9 @@ import yaml
 
 from her_mpi import mpi
 from her_mpi.checkpoint import CheckpointWriteError, atomic_write, load_checkpoint
-from her_mpi.provenance import provenance
 from her_mpi.config import (RECIPES_DIR, SECTIONS, Config, ConfigError, apply_override, check_unused,
                             config_from_dict, list_keys, load_config, overrides_tree, recipe_names)
+from her_mpi.provenance import provenance
 
 EXIT_OK, EXIT_CRASHED, EXIT_BAD_INPUT, EXIT_NON_FINITE, EXIT_WRITE_FAILED, EXIT_PREEMPTED = 0, 1, 2, 3, 4, 75
 

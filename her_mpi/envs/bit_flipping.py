@@ -4,7 +4,8 @@ A gymnasium goal env: dict observations (``observation`` = ``achieved_goal`` = t
 ``desired_goal`` = the target bits), ``Discrete(n)`` actions, reward -1 until the bits match the
 goal and 0 when they do, which ends the episode. Episodes last at most ``horizon`` (default n)
 steps. ``start`` picks the initial bits: ``"random"`` (the HER paper's task) or ``"zeros"`` (the
-HTRPO paper's: "the first array is initialized with all 0's"), the target uniform either way. ``compute_reward`` and ``compute_terminated`` are vectorised over batches of goals.
+HTRPO paper's: "the first array is initialized with all 0's"), the target uniform either way.
+``compute_reward`` and ``compute_terminated`` are vectorised over batches of goals.
 """
 
 from __future__ import annotations
