@@ -132,10 +132,9 @@ def record_run_start(args: argparse.Namespace, config: Config, run_dir: Path, re
     config_path = run_dir / "config.yaml"
     if resume is None or not config_path.is_file():
         atomic_write(config_path, lambda f: f.write(config.to_yaml()), mode="w")
-    if resume is None or not (run_dir / "provenance.yaml").is_file():
+    if resume is None:  # provenance.yaml describes where the run started; a resume's goes into its entry
         atomic_write(run_dir / "provenance.yaml", lambda f: f.write(yaml.safe_dump(provenance(), sort_keys=False)),
                      mode="w")
-    if resume is None:
         return
     before, after = flatten(resume["config"]), flatten(config.to_dict())
     entry = {
