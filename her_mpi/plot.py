@@ -157,10 +157,18 @@ def iqm_curve(scores: np.ndarray, reps: int, seed: int = 0) -> tuple[np.ndarray,
     def iqm(s: np.ndarray) -> np.ndarray:
         return np.array([metrics.aggregate_iqm(s[..., epoch]) for epoch in range(s.shape[-1])])
 
-    with warnings.catch_warnings():  # arch 7 deprecates the RandomState rliable passes (arch 8 rejects it)
-        warnings.simplefilter("ignore", FutureWarning)
-        point, interval = rly.get_interval_estimates({"recipe": scores}, iqm, reps=reps,
-                                                     random_state=np.random.RandomState(seed))
+    # rliable's StratifiedBootstrap draws its resampling indices from numpy's GLOBAL generator (its
+    # random_state only reaches arch), so seed that for the call and give the caller's state back:
+    # otherwise an interval depends on whatever drew random numbers earlier in the process
+    outer_state = np.random.get_state()
+    np.random.seed(seed)
+    try:
+        with warnings.catch_warnings():  # arch 7 deprecates the RandomState rliable passes (arch 8 rejects it)
+            warnings.simplefilter("ignore", FutureWarning)
+            point, interval = rly.get_interval_estimates({"recipe": scores}, iqm, reps=reps,
+                                                         random_state=np.random.RandomState(seed))
+    finally:
+        np.random.set_state(outer_state)
     return point["recipe"], interval["recipe"]
 
 
