@@ -22,6 +22,7 @@ import argparse
 import csv
 import json
 import sys
+import textwrap
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -265,7 +266,7 @@ def plot(recipes: list[Recipe], summaries: list[dict], output: Path, title: str)
     ax.set_ylabel("test success rate (IQM over seeds, 95% CI)")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
-    ax.set_title(title)
+    ax.set_title(textwrap.fill(title, 80), fontsize=10)  # long titles wrap instead of running off the PNG
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(output, dpi=120)
