@@ -26,7 +26,7 @@ setup(
     packages=find_packages(include=["her_mpi", "her_mpi.*"]) + ["her_mpi_runtime"],
     package_dir={"her_mpi_runtime": "export/her_mpi_runtime"},
     include_package_data=True,
-    package_data={"her_mpi": ["configs/*.yaml"]},
+    package_data={"her_mpi": ["configs/*.yaml", "commit.txt"]},
     install_requires=[
         "numpy>=1.24",
         "pyyaml>=6",
