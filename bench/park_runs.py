@@ -1,14 +1,15 @@
-"""Carry unfinished long runs from one session to the next through git.
+"""Carry long runs from one session to the next through git.
 
     python bench/park_runs.py park runs/sweeps/htrpo_push_discrete   # at a session's end, run stopped
     python bench/park_runs.py unpark                                  # at the next session's start
 
 A 2M-step row takes longer than a session here, and `runs/` (gitignored) may not survive to the next
-one. `park` copies every unfinished run under the given sweep directories (its small files and
-checkpoints/latest.pt, a few MB for on-policy agents; no replay buffers are parked) to
+one. `park` copies every run with a checkpoint under the given sweep directories (its small files and
+checkpoints/latest.pt, a few MB for on-policy agents; no replay buffers are parked: park on-policy runs) to
 bench/parked/<path below runs/sweeps>; commit that. `unpark` copies them back where the sweep
 expects them unless the run there is as far along already, so running the same `bench/tables.sh`
-or `her_mpi.sweep` command again resumes each run from its parked checkpoint. Stop the sweep
+or `her_mpi.sweep` command again resumes each run from its parked checkpoint (a run that finished
+at an `EPOCHS=N` cap trains on when the command asks for more epochs). Stop the sweep
 first (Ctrl-C or SIGTERM to the `her_mpi.sweep` process): it checkpoints before it exits.
 """
 
@@ -22,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SWEEPS = ROOT / "runs" / "sweeps"
 PARKED = ROOT / "bench" / "parked"
-SMALL_FILES = ("progress.csv", "config.yaml", "provenance.yaml", "resumes.yaml", "sweep.json")
+SMALL_FILES = ("progress.csv", "config.yaml", "provenance.yaml", "resumes.yaml", "sweep.json", "finished.json")
 CHECKPOINT = Path("checkpoints") / "latest.pt"
 
 
@@ -39,9 +40,8 @@ def copy_run(source: Path, target: Path) -> None:
     shutil.copy2(source / CHECKPOINT, target / CHECKPOINT)
 
 
-def unfinished_runs(directory: Path) -> list[Path]:
-    return sorted(p.parent.parent for p in directory.rglob(str(CHECKPOINT))
-                  if not (p.parent.parent / "finished.json").is_file())
+def runs_with_checkpoints(directory: Path) -> list[Path]:
+    return sorted(p.parent.parent for p in directory.rglob(str(CHECKPOINT)))
 
 
 def park(sweeps: list[Path]) -> int:
@@ -49,9 +49,9 @@ def park(sweeps: list[Path]) -> int:
         sweep = sweep.resolve()
         if not sweep.is_relative_to(SWEEPS) or not sweep.is_dir():
             raise SystemExit(f"park_runs: {str(sweep)!r} is not a sweep directory under {SWEEPS}")
-        runs = unfinished_runs(sweep)
+        runs = runs_with_checkpoints(sweep)
         if not runs:
-            print(f"park_runs: nothing unfinished with a checkpoint under {sweep}")
+            print(f"park_runs: no run with a checkpoint under {sweep}")
         for run in runs:
             target = PARKED / run.relative_to(SWEEPS)
             shutil.rmtree(target, ignore_errors=True)
@@ -61,9 +61,9 @@ def park(sweeps: list[Path]) -> int:
 
 
 def unpark() -> int:
-    for parked in unfinished_runs(PARKED):
+    for parked in runs_with_checkpoints(PARKED):
         target = SWEEPS / parked.relative_to(PARKED)
-        if (target / "finished.json").is_file() or epochs_done(target) >= epochs_done(parked):
+        if epochs_done(target) >= epochs_done(parked):
             print(f"kept {target.relative_to(ROOT)} (epoch {epochs_done(target)}; parked: {epochs_done(parked)})")
             continue
         copy_run(parked, target)
@@ -74,7 +74,7 @@ def unpark() -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    park_parser = sub.add_parser("park", help="copy unfinished runs' checkpoints into bench/parked")
+    park_parser = sub.add_parser("park", help="copy runs' latest checkpoints into bench/parked")
     park_parser.add_argument("sweeps", nargs="+", type=Path, help="sweep directories under runs/sweeps")
     sub.add_parser("unpark", help="copy parked runs back to runs/sweeps")
     args = parser.parse_args(argv)
