@@ -20,21 +20,23 @@ import shutil
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from collect_sweep import KEPT, ROOT  # noqa: E402  (a run's small files: the ones results keep)
+
+from her_mpi.sweep import progress_rows  # noqa: E402
+
 SWEEPS = ROOT / "runs" / "sweeps"
 PARKED = ROOT / "bench" / "parked"
-SMALL_FILES = ("progress.csv", "config.yaml", "provenance.yaml", "resumes.yaml", "sweep.json", "finished.json")
 CHECKPOINT = Path("checkpoints") / "latest.pt"
 
 
 def epochs_done(run_dir: Path) -> int:
-    progress = run_dir / "progress.csv"
-    return max(0, len(progress.read_text().splitlines()) - 1) if progress.is_file() else 0
+    return len(progress_rows(run_dir))
 
 
 def copy_run(source: Path, target: Path) -> None:
     (target / CHECKPOINT).parent.mkdir(parents=True, exist_ok=True)
-    for name in SMALL_FILES:
+    for name in KEPT:
         if (source / name).is_file():
             shutil.copy2(source / name, target / name)
     shutil.copy2(source / CHECKPOINT, target / CHECKPOINT)

@@ -125,8 +125,8 @@ def flatten(tree: dict, prefix: str = "") -> dict:
 
 
 def record_run_start(args: argparse.Namespace, config: Config, run_dir: Path, resume: dict | None) -> None:
-    """Rank 0, before training: a new run writes config.yaml and provenance.yaml (package versions,
-    Python, CPU); a resume keeps them and appends what it changed to resumes.yaml (time, command
+    """Rank 0, before training: a new run writes config.yaml and provenance.yaml (commit, package
+    versions, Python, CPU); a resume keeps them and appends what it changed to resumes.yaml (time, command
     line, n_ranks, the checkpoint it starts from, its own provenance)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.yaml"
