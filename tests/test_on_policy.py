@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from her_mpi.algos.htrpo import conjugate_gradient, hindsight_goal_filtering
+from her_mpi.algos.htrpo import conjugate_gradient, hindsight_goal_filtering, without_instant_successes
 from her_mpi.algos.on_policy import gae, relabel
 from her_mpi.algos.policies import CategoricalPolicy, GaussianPolicy
 from her_mpi.envs.predator_prey import PredatorPreyEnv
@@ -171,18 +171,68 @@ def test_htrpo_weights_are_the_papers_trajectory_normalised_sum():
 
 
 @pytest.mark.parametrize("algo", ["htrpo", "hpg"])
-def test_entropy_bonus_adds_the_weighted_entropy_of_each_row_to_the_objective(algo):
+@pytest.mark.parametrize("weighting", ["surrogate", "uniform"])
+def test_entropy_bonus_adds_each_rows_weighted_entropy_to_the_objective(algo, weighting):
     ag = np.array([[[0.0], [1.0], [2.0], [3.0], [4.0]], [[0.0], [-1.0], [-2.0], [-3.0], [-4.0]]], np.float32)
     plain, _ = predator_prey_agent(algo, "algo.gamma=0.9")
-    bonus, _ = predator_prey_agent(algo, "algo.gamma=0.9", "algo.entropy_coef=0.3")
+    bonus, _ = predator_prey_agent(algo, "algo.gamma=0.9", "algo.entropy_coef=0.3",
+                                   f"algo.entropy_weighting={weighting}")
     goals = np.array([[2.0], [-1.0]], np.float32)
     batch, _ = plain.build_batch(predator_prey_episodes(ag, 9.0), goals)
     batch["advantages"] = torch.linspace(-1.0, 1.0, len(batch["x"]))
+    # surrogate: as the row's surrogate term, h gamma^t / N_traj; uniform: 1 / N_traj, N_traj = 2 x (1 + 2)
+    weight = batch["coefficients"] if weighting == "surrogate" else torch.full((len(batch["x"]),), 1 / 6)
     with torch.no_grad():
         entropy = plain.policy_net.entropy(batch["x"])
-        expected = plain.surrogate(batch) + 0.3 * (batch["coefficients"] * entropy).sum()
+        expected = plain.surrogate(batch) + 0.3 * (weight * entropy).sum()
         torch.testing.assert_close(bonus.surrogate(batch), expected)  # same seed: same networks
-    assert float((batch["coefficients"] * entropy).sum()) != 0
+    assert float((weight * entropy).sum()) != 0
+
+
+def test_entropy_weighting_without_an_entropy_bonus_is_refused():
+    with pytest.raises(Exception, match="entropy_weighting"):
+        predator_prey_agent("htrpo", "algo.entropy_weighting=uniform")
+
+
+def test_dropping_instant_successes_removes_those_copies_and_their_share_of_the_normaliser():
+    # Episode 0 moves +1 per step, episode 1 stays at 0. Goal 2: episode 0 reaches it after step 2.
+    # Goal 0: episode 1's copy "succeeds" after its first step whatever it did (it never moved).
+    ag = np.array([[[0.0], [1.0], [2.0], [3.0], [4.0]], [[0.0], [0.0], [0.0], [0.0], [0.0]]], np.float32)
+    goals = np.array([[2.0], [0.0]], np.float32)
+    results = {}
+    for drop in (False, True):
+        agent, _ = predator_prey_agent("htrpo", "algo.gamma=0.9", f"algo.drop_instant_successes={drop}")
+        with torch.no_grad():  # a policy that ignores the goal: every importance ratio is 1
+            agent.policy_net.mean_net[-2].weight.zero_()
+        results[drop] = agent.build_batch(predator_prey_episodes(ag, 9.0), goals)
+    # copies: own goals (episodes 0, 1), goal 2 (0, 1), goal 0 (0, 1); copy 5 is the instant success
+    (kept, kept_data), (dropped, dropped_data) = results[False], results[True]
+    assert kept_data.mask[5].tolist() == [True, False, False, False] and kept_data.terminal[5, 0]
+    assert not dropped_data.mask[5].any() and not dropped_data.terminal[5].any()
+    np.testing.assert_array_equal(dropped_data.mask[:5], kept_data.mask[:5])
+    assert len(dropped["x"]) == len(kept["x"]) - 1
+    assert float(kept["rewards"].max()) == 4.0 and float(dropped["rewards"].max()) == 3.0  # T - t at the success (t = 0 and 1)
+
+    def h(batch, data):
+        grid = np.zeros(data.mask.shape)
+        copy, t = data.rows
+        grid[copy, t] = batch["coefficients"].numpy() / 0.9 ** t * 6  # N_traj = 2 x (1 + 2) either way
+        return grid
+    # goal 0's normaliser: kept, the ended copy 5 stays in it with ratio 1 (h = 1/2 for copy 4);
+    # dropped, copy 4 is goal 0's only trajectory (h = 1)
+    np.testing.assert_allclose(h(kept, kept_data)[4], 0.5, rtol=1e-6)
+    np.testing.assert_allclose(h(dropped, dropped_data)[4], 1.0, rtol=1e-6)
+    np.testing.assert_allclose(h(dropped, dropped_data)[:4], h(kept, kept_data)[:4], rtol=1e-6)
+
+
+def test_instant_successes_under_the_episodes_own_goals_are_kept():
+    env = PredatorPreyEnv(dims=1, interception_distance=0.5)
+    ag = np.zeros((1, 4, 1), np.float32)  # never moves: every copy for goal 0 succeeds at its first step
+    data = relabel(episodes_from(ag, np.array([0.0], np.float32)), np.zeros(2, int),
+                   np.zeros((2, 4, 1), np.float32), env.compute_success)
+    kept = without_instant_successes(data, first=1)
+    assert kept.mask[0].tolist() == [True, False, False] and not kept.mask[1].any()
+    np.testing.assert_array_equal(kept.length, [1, 0])
 
 
 def test_htrpo_ended_copies_stay_in_the_normaliser_with_their_last_ratio():

@@ -70,8 +70,13 @@ class HindsightParams(OnPolicyParams):
     gae_lambda: float = setting(0.0, "GAE lambda (0: TD(0) advantages and targets, as in the authors' code)")
     critic_iters: int = setting(20, "value-network gradient steps per iteration")
     critic_batch_size: int = setting(0, "rows per value-network step (0: the full batch)")
-    entropy_coef: float = setting(0.0, "weight of an entropy bonus in the objective, each row's entropy weighted as "
-                                       "its surrogate term (0: none, as in the paper)")
+    entropy_coef: float = setting(0.0, "weight of an entropy bonus in the objective (0: none, as in the paper)")
+    entropy_weighting: Literal["surrogate", "uniform"] = setting(
+        "surrogate", "each row's entropy weighted as its surrogate term (h gamma^t / N_traj), or uniformly "
+                     "(1 / N_traj: the authors' code, a plain mean over rows beside the surrogate's mean)")
+    drop_instant_successes: bool = setting(
+        False, "hindsight copies whose goal is reached by their first step get no rows and leave the importance "
+               "normaliser (the authors' continuous-control code; their discrete code keeps them)")
 
     def validate(self, path: str) -> None:
         super().validate(path)
@@ -90,8 +95,10 @@ class HindsightParams(OnPolicyParams):
     def unused_keys(self, config) -> dict[str, Unused]:
         unused = super().unused_keys(config)
         if not self.hindsight:  # an ablation of a recipe tuned with hindsight: warned, not refused
-            for name in ("goal_filtering", "n_goals", "goal_decimals"):
+            for name in ("goal_filtering", "n_goals", "goal_decimals", "drop_instant_successes"):
                 unused[f"algo.{name}"] = Unused("it chooses hindsight goals, and algo.hindsight is false", refuse=False)
+        if not self.entropy_coef:
+            unused["algo.entropy_weighting"] = Unused("it weights the entropy bonus, and algo.entropy_coef is 0")
         return unused
 
 
@@ -154,6 +161,16 @@ def hindsight_goal_filtering(achieved: np.ndarray, original: np.ndarray, n_goals
     return achieved[inside][chosen]
 
 
+def without_instant_successes(data: Relabelled, first: int) -> Relabelled:
+    """``data`` without the copies from index ``first`` on whose goal the first step reaches: their one
+    action earns the full reward whatever it was (e.g. an untouched object's own start position)."""
+    instant = data.terminal[:, 0].copy()
+    instant[:first] = False
+    keep = ~instant[:, None]
+    return Relabelled(data.source, data.goals, data.mask & keep, data.terminal & keep,
+                      np.where(instant, 0, data.length))
+
+
 def conjugate_gradient(hvp, b: torch.Tensor, iterations: int, tolerance: float = 1e-10) -> torch.Tensor:
     """Solve H x = b for symmetric positive definite H given only x -> H x."""
     x = torch.zeros_like(b)
@@ -210,6 +227,8 @@ class HindsightAgent(OnPolicyAgent):
         source = np.concatenate([np.arange(n_original), hindsight_source])
         all_goals = np.concatenate([episodes.g[:n_original], goal_rows])
         data = relabel(episodes, source, all_goals, self.goal_fns.success)
+        if p.drop_instant_successes:
+            data = without_instant_successes(data, first=n_original)
         batch = self.row_tensors(episodes, data)
         batch["rewards"] = torch.from_numpy(self.rewards(episodes, data))
         copy, t = data.rows
@@ -224,6 +243,7 @@ class HindsightAgent(OnPolicyAgent):
                                           n_original=n_original, n_goals=len(goals))
         n_trajectories = global_sum(n)[0] * (len(goals) + (1 if p.original_goals else 0))
         batch["coefficients"] = torch.from_numpy(weights) * p.gamma ** torch.from_numpy(t).float() / n_trajectories
+        batch["uniform_coefficient"] = torch.tensor(1.0 / n_trajectories)
         return batch, data
 
     def importance_weights(self, data, copy, t, log_ratio, n_original, n_goals) -> np.ndarray:
@@ -240,6 +260,7 @@ class HindsightAgent(OnPolicyAgent):
         grid[copy, t] = log_ratio
         grid[:n_original] = 0.0  # the original goals: on-policy data
         rho = np.exp(np.clip(np.cumsum(grid, axis=1), -MAX_LOG_RATIO, MAX_LOG_RATIO))  # frozen after the end
+        rho[data.length == 0] = 0.0  # dropped copies (drop_instant_successes) are not in the estimator at all
         h = rho * data.mask
         if self.params.weighted_is:
             n_groups = n_goals + (1 if n_original else 0)
@@ -293,7 +314,8 @@ class HindsightAgent(OnPolicyAgent):
         ratio = (self.policy_net.log_prob(batch["x"], batch["actions"]) - batch["old_log_prob"]).exp()
         objective = (batch["coefficients"] * ratio * batch["advantages"]).sum()
         if self.params.entropy_coef:  # keeps the policy from collapsing onto one dash (FetchReachDiscrete)
-            objective = objective + self.params.entropy_coef * (batch["coefficients"] * self.policy_net.entropy(batch["x"])).sum()
+            weight = batch["coefficients"] if self.params.entropy_weighting == "surrogate" else batch["uniform_coefficient"]
+            objective = objective + self.params.entropy_coef * (weight * self.policy_net.entropy(batch["x"])).sum()
         return objective
 
     def divergence(self, batch, rows: torch.Tensor | None = None, kl: str = "qkl") -> torch.Tensor:
