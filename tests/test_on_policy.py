@@ -273,6 +273,48 @@ def test_htrpo_weighted_importance_sampling_is_normalised_over_episodes_per_goal
         np.testing.assert_allclose(block.sum(axis=0), 1.0, rtol=1e-5)
 
 
+def test_critic_free_advantages_are_the_discounted_importance_weighted_returns():
+    # The authors' value_type None: row t's advantage is sum_k gamma^(k-t) h_k r_k over the rest of its
+    # copy, and the objective weighs it by gamma^t / N_traj only (the ratio sits on the reward's step).
+    agent, _ = predator_prey_agent("htrpo", "algo.gamma=0.9", "algo.critic=false")
+    with torch.no_grad():  # a policy that ignores the goal: every importance ratio is 1
+        agent.policy_net.mean_net[-2].weight.zero_()
+    ag = np.array([[[0.0], [1.0], [2.0], [3.0], [4.0]], [[0.0], [-1.0], [-2.0], [-3.0], [-4.0]]], np.float32)
+    batch, data = agent.build_batch(predator_prey_episodes(ag, 9.0), np.array([[2.0], [-1.0]], np.float32))
+    agent.return_advantages(batch, data)
+    advantages = np.zeros(data.mask.shape)
+    copy, t = data.rows
+    advantages[copy, t] = batch["advantages"].numpy()
+    # goal 2: episode 0 (copy 2) reaches it at t = 1, reward T - t = 3, h = 1/2 (2 episodes, ratio 1);
+    # goal -1: episode 1 (copy 5) at t = 0, reward 4, h = 1/2; no other copy has a reward
+    expected = np.zeros((6, 4))
+    expected[2, :2] = [0.9 * 0.5 * 3, 0.5 * 3]
+    expected[5, 0] = 0.5 * 4
+    np.testing.assert_allclose(advantages, expected, rtol=1e-6)
+    np.testing.assert_allclose(batch["surrogate_coefficients"].numpy(), 0.9 ** t / 6, rtol=1e-6)
+    assert not torch.equal(batch["surrogate_coefficients"], batch["coefficients"])  # the trust region keeps h
+
+
+def test_critic_free_learning_leaves_the_value_network_alone():
+    agent, config = predator_prey_agent("htrpo", "algo.critic=false", dims=2)
+    episodes, _ = collect(agent, config)
+    agent.inputs.obs_normalizer.observe(episodes.obs.reshape(-1, 4))  # statistics in which no input
+    agent.inputs.goal_normalizer.observe(episodes.g.reshape(-1, 2))  # clips: learn() then preserves
+    agent.inputs.sync()  # the networks' functions exactly
+    obs, goals = torch.from_numpy(episodes.obs[:, 0]), torch.from_numpy(episodes.g[:, 0])
+
+    def functions():  # V and the policy on raw inputs (learn() rewrites both for the new normalizer)
+        with torch.no_grad():
+            x = agent.inputs(obs, goals)
+            return agent.value_net(x), agent.policy_net.params(x)[0]
+    value_before, policy_before = functions()
+    metrics = agent.learn(episodes)
+    value_after, policy_after = functions()
+    assert "critic_loss" not in metrics
+    torch.testing.assert_close(value_after, value_before, rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(policy_after, policy_before, rtol=1e-4, atol=1e-5)
+
+
 def collect(agent, config, n_episodes=4):
     from her_mpi.rollout import RolloutWorker
 

@@ -67,6 +67,9 @@ class HindsightParams(OnPolicyParams):
         "sparse", "reward of the rewritten episodes: sparse (T - t at the first success) or dense (-|achieved - goal|)")
     n_goals: int = setting(100, "hindsight goals per iteration (0: every distinct achieved goal)")
     goal_decimals: int = setting(3, "achieved goals are rounded to this many decimals to find distinct ones")
+    critic: bool = setting(True, "learn V(s, g) and take TD/GAE advantages, normalised (false: each row's advantage is "
+                                 "the discounted return of the importance-weighted rewards, unnormalised: the "
+                                 "authors' FetchReachDiscrete config, value_type None)")
     gae_lambda: float = setting(0.0, "GAE lambda (0: TD(0) advantages and targets, as in the authors' code)")
     critic_iters: int = setting(20, "value-network gradient steps per iteration")
     critic_batch_size: int = setting(0, "rows per value-network step (0: the full batch)")
@@ -97,6 +100,9 @@ class HindsightParams(OnPolicyParams):
         if not self.hindsight:  # an ablation of a recipe tuned with hindsight: warned, not refused
             for name in ("goal_filtering", "n_goals", "goal_decimals", "drop_instant_successes"):
                 unused[f"algo.{name}"] = Unused("it chooses hindsight goals, and algo.hindsight is false", refuse=False)
+        if not self.critic:  # an ablation of a recipe tuned with a critic: warned, not refused
+            for name in ("gae_lambda", "critic_iters", "critic_batch_size", "lr_critic"):
+                unused[f"algo.{name}"] = Unused("it trains the value network, and algo.critic is false", refuse=False)
         if not self.entropy_coef:
             unused["algo.entropy_weighting"] = Unused("it weights the entropy bonus, and algo.entropy_coef is 0")
         return unused
@@ -242,7 +248,10 @@ class HindsightAgent(OnPolicyAgent):
         weights = self.importance_weights(data, copy, t, (log_prob_goal - log_prob_own).numpy(),
                                           n_original=n_original, n_goals=len(goals))
         n_trajectories = global_sum(n)[0] * (len(goals) + (1 if p.original_goals else 0))
-        batch["coefficients"] = torch.from_numpy(weights) * p.gamma ** torch.from_numpy(t).float() / n_trajectories
+        batch["discounts"] = p.gamma ** torch.from_numpy(t).float() / n_trajectories
+        batch["hindsight_weights"] = torch.from_numpy(weights)
+        batch["coefficients"] = batch["hindsight_weights"] * batch["discounts"]  # the trust region's weights
+        batch["surrogate_coefficients"] = batch["coefficients"]  # the objective's (return_advantages changes them)
         batch["uniform_coefficient"] = torch.tensor(1.0 / n_trajectories)
         return batch, data
 
@@ -290,31 +299,50 @@ class HindsightAgent(OnPolicyAgent):
             batch["anchor"] = detach_params(self.policy_net.params(batch["x"]))
             batch["anchor_log_prob"] = self.policy_net.log_prob_of(batch["anchor"], batch["actions"])
         n_rows = global_sum(len(batch["x"]))[0]
-        with torch.no_grad():  # advantages (TD(0) by default) and critic targets from the current critic
-            value = self.value_net(batch["x"]).squeeze(-1)
-            next_value = self.value_net(batch["x_next"]).squeeze(-1)
-            del batch["x_next"]
-            advantages = torch.from_numpy(gae(data, batch["rewards"].numpy(), value.numpy(), next_value.numpy(),
-                                              p.gamma, p.gae_lambda))
-            targets = advantages + value
-            total, total_sq = global_sum(float(advantages.sum()), float(advantages.pow(2).sum()))
-            mean = total / n_rows
-            std = max(np.sqrt(max(total_sq / n_rows - mean ** 2, 0.0)), 1e-8)
-            batch["advantages"] = (advantages - mean) / std
+        if p.critic:
+            targets = self.critic_advantages(batch, data, n_rows)
+        else:
+            self.return_advantages(batch, data)
+        del batch["x_next"]
         metrics = self.policy_step(batch)
-        metrics["critic_loss"] = self.fit_value(batch["x"], targets, p.critic_iters, p.critic_batch_size)
+        if p.critic:
+            metrics["critic_loss"] = self.fit_value(batch["x"], targets, p.critic_iters, p.critic_batch_size)
         with torch.no_grad():
             entropy = float(self.policy_net.entropy(batch["x"][:1024]).mean())
         metrics.update(n_goals=float(len(goals)), rows=float(n_rows), entropy=entropy)
         self.n_iterations += 1
         return metrics
 
+    @torch.no_grad()
+    def critic_advantages(self, batch, data: Relabelled, n_rows: float) -> torch.Tensor:
+        """Normalised GAE (TD(0) by default) from the current critic into ``batch``; the critic's targets."""
+        p = self.params
+        value = self.value_net(batch["x"]).squeeze(-1)
+        next_value = self.value_net(batch["x_next"]).squeeze(-1)
+        advantages = torch.from_numpy(gae(data, batch["rewards"].numpy(), value.numpy(), next_value.numpy(),
+                                          p.gamma, p.gae_lambda))
+        total, total_sq = global_sum(float(advantages.sum()), float(advantages.pow(2).sum()))
+        mean = total / n_rows
+        std = max(np.sqrt(max(total_sq / n_rows - mean ** 2, 0.0)), 1e-8)
+        batch["advantages"] = (advantages - mean) / std
+        return advantages + value
+
+    def return_advantages(self, batch, data: Relabelled) -> None:
+        """The authors' critic-free estimator: row t's advantage is sum_k gamma^(k-t) h_k r_k over the
+        rest of its copy (the importance weight sits on the reward's step, not on t), weighted by
+        gamma^t / N_traj in the objective, unnormalised."""
+        weighted_rewards = (batch["rewards"] * batch["hindsight_weights"]).numpy()
+        zeros = np.zeros_like(weighted_rewards)
+        batch["advantages"] = torch.from_numpy(gae(data, weighted_rewards, zeros, zeros, self.params.gamma, 1.0))
+        batch["surrogate_coefficients"] = batch["discounts"]
+
     def surrogate(self, batch) -> torch.Tensor:
         """This rank's part of the weighted importance-sampled objective (sum over ranks = total)."""
         ratio = (self.policy_net.log_prob(batch["x"], batch["actions"]) - batch["old_log_prob"]).exp()
-        objective = (batch["coefficients"] * ratio * batch["advantages"]).sum()
+        objective = (batch["surrogate_coefficients"] * ratio * batch["advantages"]).sum()
         if self.params.entropy_coef:  # keeps the policy from collapsing onto one dash (FetchReachDiscrete)
-            weight = batch["coefficients"] if self.params.entropy_weighting == "surrogate" else batch["uniform_coefficient"]
+            uniform = self.params.entropy_weighting == "uniform"
+            weight = batch["uniform_coefficient"] if uniform else batch["surrogate_coefficients"]
             objective = objective + self.params.entropy_coef * (weight * self.policy_net.entropy(batch["x"])).sum()
         return objective
 
