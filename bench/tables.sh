@@ -16,6 +16,7 @@
 #     bench/tables.sh other_tasks     # PickAndPlace 600k, Slide 600k (RECIPE=td3), HandReach 500k (HAND_RECIPE=ddpg), 2 seeds
 #     bench/tables.sh htrpo_discrete  # HTRPO FetchReach/PushDiscrete (issue 13)
 #     EPOCHS=70 bench/tables.sh htrpo_push_discrete  # HTRPO FetchPushDiscrete only (issue 13)
+#     bench/tables.sh htrpo_reach_discrete  # HTRPO FetchReachDiscrete, the paper's recipe, 3 seeds (issue 13)
 #     bench/tables.sh htrpo_push      # HTRPO continuous FetchPush, 2M steps (issue 13)
 #     bench/tables.sh ms_pacman       # HTRPO and DQN+HER on MsPacmanGoal, 2M steps (issue 13)
 #     bench/tables.sh htrpo_bits      # HTRPO on 16 and 32 bits from all-zero bits, the authors' settings (issue 13)
@@ -120,6 +121,10 @@ htrpo_discrete)  # issue 13: HTRPO on the discrete Fetch tasks (the recipes' own
         sweep htrpo_discrete --config fetch_reach_discrete_htrpo --seeds "$seed" "${cap[@]}"
         sweep htrpo_push_discrete --config fetch_push_discrete_htrpo --seeds "$seed" "${cap[@]}"
     done ;;
+htrpo_reach_discrete)  # issue 13: HTRPO FetchReachDiscrete alone, the paper's recipe (critic-free, as the authors' config)
+    for seed in 0 1 2; do
+        sweep htrpo_reach_discrete --config fetch_reach_discrete_htrpo --seeds "$seed" "${cap[@]}"
+    done ;;
 htrpo_push_discrete)  # issue 13: HTRPO FetchPushDiscrete alone (2M steps: longer than a session here, see bench/park_runs.py)
     for seed in 0 1 2; do
         sweep htrpo_push_discrete --config fetch_push_discrete_htrpo --seeds "$seed" "${cap[@]}"
@@ -155,6 +160,6 @@ predator_prey|predator_prey_sac)  # issue 13: seed 003's 12 conditions, intercep
         done; done; done
     done ;;
 *)
-    echo "usage: bench/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|push_td3_diag|push_sac_diag|other_tasks|htrpo_discrete|htrpo_push_discrete|htrpo_push|ms_pacman|htrpo_reach_fast|htrpo_bits|bitflip_dqn|predator_prey|predator_prey_sac" >&2
+    echo "usage: bench/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|push_td3_diag|push_sac_diag|other_tasks|htrpo_discrete|htrpo_reach_discrete|htrpo_push_discrete|htrpo_push|ms_pacman|htrpo_reach_fast|htrpo_bits|bitflip_dqn|predator_prey|predator_prey_sac" >&2
     exit 2 ;;
 esac
