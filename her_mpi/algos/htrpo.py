@@ -11,7 +11,9 @@ policy, then
   sqrt(2 max_kl / x^T H x) x, backtracking line search);
 * HPG (``algo: hpg``): a plain gradient step on the same weighted objective.
 
-Then the critic V(s, g) is refit on TD(0) targets. Every gradient, Hessian-vector product and
+The advantages come from a critic V(s, g) (TD(0) by default, normalised), refit afterwards on its
+TD(0) targets; with ``critic: false`` from the discounted importance-weighted returns instead (the
+authors' critic-free FetchReachDiscrete setting). Every gradient, Hessian-vector product and
 line-search value is summed over ranks, so every rank takes the same step.
 
 Units of the objective and of ``max_kl`` are the paper's (eq. 79-80 of the seed; the authors'
