@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from collect_sweep import KEPT, ROOT  # noqa: E402  (a run's small files: the ones results keep)
 
+sys.path.insert(1, str(ROOT))  # this checkout's her_mpi, installed or not
 from her_mpi.sweep import progress_rows  # noqa: E402
 
 SWEEPS = ROOT / "runs" / "sweeps"
