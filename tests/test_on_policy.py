@@ -216,7 +216,7 @@ def test_dropping_instant_successes_removes_those_copies_and_their_share_of_the_
     def h(batch, data):
         grid = np.zeros(data.mask.shape)
         copy, t = data.rows
-        grid[copy, t] = batch["coefficients"].numpy() / 0.9 ** t * 6  # N_traj = 2 x (1 + 2) either way
+        grid[copy, t] = batch["hindsight_weights"].numpy()
         return grid
     # goal 0's normaliser: kept, the ended copy 5 stays in it with ratio 1 (h = 1/2 for copy 4);
     # dropped, copy 4 is goal 0's only trajectory (h = 1)
@@ -243,7 +243,7 @@ def test_htrpo_ended_copies_stay_in_the_normaliser_with_their_last_ratio():
     batch, data = agent.build_batch(episodes, np.array([[1.0]], np.float32))  # episode 0 ends after step 1
     copy, t = data.rows
     h = np.zeros(data.mask.shape)
-    h[copy, t] = batch["coefficients"].numpy() / agent.params.gamma ** t * (2 * 2)
+    h[copy, t] = batch["hindsight_weights"].numpy()
     with torch.no_grad():
         x_goal = agent.inputs(torch.from_numpy(episodes.obs[:, :-1].reshape(-1, 2)), torch.ones(6, 1))
         x_own = agent.inputs(torch.from_numpy(episodes.obs[:, :-1].reshape(-1, 2)), torch.full((6, 1), 9.0))
@@ -265,7 +265,9 @@ def test_htrpo_weighted_importance_sampling_is_normalised_over_episodes_per_goal
     batch, data = agent.build_batch(episodes, np.array([[3.0], [-3.0]], np.float32))
     copy, t = data.rows
     h = np.zeros(data.mask.shape)
-    h[copy, t] = batch["coefficients"].numpy() / agent.params.gamma ** t * (3 * 3)
+    h[copy, t] = batch["hindsight_weights"].numpy()
+    # the trust region's coefficients: h times gamma^t over the 3 x (1 + 2) trajectories
+    np.testing.assert_allclose(batch["coefficients"].numpy(), h[copy, t] * agent.params.gamma ** t / 9, rtol=1e-6)
     np.testing.assert_allclose(h[:3][data.mask[:3]], 1 / 3, rtol=1e-6)  # own goals: ratio 1 over 3 episodes
     assert data.mask.all()  # no copy ends early here: every (goal, t) column is a full normalisation
     for goal in range(2):  # each (goal, t) column sums to 1

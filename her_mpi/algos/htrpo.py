@@ -237,7 +237,7 @@ class HindsightAgent(OnPolicyAgent):
         data = relabel(episodes, source, all_goals, self.goal_fns.success)
         if p.drop_instant_successes:
             data = without_instant_successes(data, first=n_original)
-        batch = self.row_tensors(episodes, data)
+        batch = self.row_tensors(episodes, data, next_inputs=False)  # learn() rebuilds the inputs
         batch["rewards"] = torch.from_numpy(self.rewards(episodes, data))
         copy, t = data.rows
         with torch.no_grad():
@@ -296,7 +296,7 @@ class HindsightAgent(OnPolicyAgent):
         # is anchored at the policy the step starts from: the same policy, up to inputs beyond the
         # normalizer's clip range.
         self.update_normalizers_preserving(episodes, goals)
-        batch.update(self.row_tensors(episodes, data))
+        batch.update(self.row_tensors(episodes, data, next_inputs=p.critic))
         with torch.no_grad():
             batch["anchor"] = detach_params(self.policy_net.params(batch["x"]))
             batch["anchor_log_prob"] = self.policy_net.log_prob_of(batch["anchor"], batch["actions"])
@@ -305,7 +305,7 @@ class HindsightAgent(OnPolicyAgent):
             targets = self.critic_advantages(batch, data, n_rows)
         else:
             self.return_advantages(batch, data)
-        del batch["x_next"]
+        batch.pop("x_next", None)
         metrics = self.policy_step(batch)
         if p.critic:
             metrics["critic_loss"] = self.fit_value(batch["x"], targets, p.critic_iters, p.critic_batch_size)

@@ -185,18 +185,19 @@ class OnPolicyAgent(Agent):
         self.update_normalizers(episodes, extra_goals)
         preserve_function([self.policy_net, self.value_net], old, input_statistics(self.inputs))
 
-    def row_tensors(self, episodes: Episodes, data: Relabelled) -> dict[str, torch.Tensor]:
-        """Network inputs of the valid rows under the copy's goal (now and at the next state)."""
+    def row_tensors(self, episodes: Episodes, data: Relabelled, next_inputs: bool = True) -> dict[str, torch.Tensor]:
+        """Network inputs of the valid rows under the copy's goal, and at the next state
+        (``x_next``, for a critic's bootstrap) when ``next_inputs``."""
         copy, t = data.rows
         ep = data.source[copy]
         with torch.no_grad():
-            x = self.inputs(torch.from_numpy(episodes.obs[ep, t]), torch.from_numpy(data.goals[copy, t]))
-            x_next = self.inputs(torch.from_numpy(episodes.obs[ep, t + 1]),
-                                 torch.from_numpy(data.goals[copy, t + 1]))
-        return {"x": x, "x_next": x_next,
-                "actions": torch.from_numpy(episodes.actions[ep, t]),
-                "terminal": torch.from_numpy(data.terminal[copy, t].astype(np.float32)),
-                "t": torch.from_numpy(t)}
+            rows = {"x": self.inputs(torch.from_numpy(episodes.obs[ep, t]), torch.from_numpy(data.goals[copy, t]))}
+            if next_inputs:
+                rows["x_next"] = self.inputs(torch.from_numpy(episodes.obs[ep, t + 1]),
+                                             torch.from_numpy(data.goals[copy, t + 1]))
+        return rows | {"actions": torch.from_numpy(episodes.actions[ep, t]),
+                       "terminal": torch.from_numpy(data.terminal[copy, t].astype(np.float32)),
+                       "t": torch.from_numpy(t)}
 
     def fit_value(self, x: torch.Tensor, targets: torch.Tensor, iterations: int, batch_size: int = 0) -> float:
         """Regress V(x) on fixed targets; full batch (batch_size 0) or minibatches per iteration."""
