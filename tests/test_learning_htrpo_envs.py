@@ -23,28 +23,22 @@ def train(run_dir, recipe, *overrides):
 
 
 # fetch_reach_discrete_htrpo_fast: 800-step iterations, 16 hindsight goals, 2x64 networks, max_kl
-# 2e-4 (paper units) and an entropy bonus of 0.1, <= 30 epochs of <= 4k steps, stopping at the first
-# evaluation (100 greedy episodes) at 0.8. The stopped policy is then run on 200 episodes the
-# trainer never saw, so that a lucky evaluation cannot pass the test alone: an untrained policy
-# succeeds on 5-6 % of episodes (greedy and sampled, 3 inits). With 50 test episodes instead, seed
-# 0 stopped at a 0.9 whose policy scored 0.78 held out. Measured (np=2, 20 epochs, 50 test
-# episodes, seeds 0-4): first evaluation >= 0.9 at epoch 9 / 5 / 6 / 7 / 7; the 200-episode rate
-# of the epoch-15 and epoch-20 policies 0.76-0.93 (a plateau below the paper's 100 %: the policy
-# dashes at full command and, after a miss by a few centimetres, rarely turns back). Before the
-# entropy bonus and the smaller trust region (max_kl 1e-3) the same budget plateaued at 0.60-0.74.
-# The test asked for 0.9 until a fresh machine (2026-11-24, same code, same mujoco, gymnasium 1.3 or
-# 1.4, numpy 2.3 or 2.4) learned this recipe slower and deterministically so: 0.36 at epoch 3, 0.85
-# at best within 30 epochs (epoch 16), 0.77 and 0.80 on the 200 held-out episodes for the best and
-# the last policy. 0.9 is within the recipe's plateau (0.89 [0.84, 0.92] over five held-out seeds),
-# not above it, so it is the benchmark's claim (bench/tables.sh htrpo_reach_fast), not this test's.
-def test_htrpo_reaches_0_8_on_fetch_reach_discrete(tmp_path):
+# 1e-4 (paper units) and an entropy bonus of 0.1, 60 epochs of <= 4k steps (~70k steps in all, about
+# 2 minutes at np=2 on a quiet machine). The bar: an evaluation (100 greedy episodes) at 0.9 or
+# more, and the final policy at 0.85 or more on 200 episodes the trainer never saw, so that a lucky
+# evaluation cannot pass alone; an untrained policy succeeds on 5-6 % of episodes (greedy and sampled,
+# 3 inits). Screened on seeds 0-4: best evaluation 0.97-1.00, final policy on the 200 held-out
+# episodes 0.915-0.985 (this test's seed 0: 0.985). With max_kl 2e-4 (the recipe until 2026-11-25)
+# the same budget gave 0.815-0.945, and a fresh machine once learned it slower and deterministically
+# so (0.85 at best within 30 epochs): the margin below 0.9 is for that.
+def test_htrpo_reaches_0_9_on_fetch_reach_discrete(tmp_path):
     run = tmp_path / "run"
-    success = train(run, "fetch_reach_discrete_htrpo_fast", "--set", "train.stop_success=0.8")
-    assert max(success) >= 0.8, success
+    success = train(run, "fetch_reach_discrete_htrpo_fast")
+    assert max(success) >= 0.9, success
     result = run_python(["-m", "her_mpi.evaluate", "--checkpoint", run, "--episodes", "200", "--seed", "12345"])
     assert result.returncode == 0, describe(result)
     held_out = json.loads(result.stdout)["success_rate"]
-    assert held_out >= 0.7, (held_out, success)
+    assert held_out >= 0.85, (held_out, success)
 
 
 # Ms. Pac-Man, DQN+HER: two goals on the start corridor (row 8), five cells left and five right of
