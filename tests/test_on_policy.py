@@ -223,6 +223,9 @@ def test_dropping_instant_successes_removes_those_copies_and_their_share_of_the_
     np.testing.assert_allclose(h(kept, kept_data)[4], 0.5, rtol=1e-6)
     np.testing.assert_allclose(h(dropped, dropped_data)[4], 1.0, rtol=1e-6)
     np.testing.assert_allclose(h(dropped, dropped_data)[:4], h(kept, kept_data)[:4], rtol=1e-6)
+    for batch, data in results.values():  # a dropped copy still counts in N_traj = 2 x (1 + 2)
+        np.testing.assert_allclose(batch["coefficients"].numpy(),
+                                   batch["hindsight_weights"].numpy() * 0.9 ** data.rows[1] / 6, rtol=1e-6)
 
 
 def test_instant_successes_under_the_episodes_own_goals_are_kept():
