@@ -20,6 +20,7 @@
 #     bench/tables.sh htrpo_push      # HTRPO continuous FetchPush, 2M steps (issue 13)
 #     bench/tables.sh ms_pacman       # HTRPO and DQN+HER on MsPacmanGoal, 2M steps (issue 13)
 #     bench/tables.sh htrpo_bits      # HTRPO on 16 and 32 bits from all-zero bits, the authors' settings (issue 13)
+#     bench/tables.sh htrpo_bits32    # HTRPO 32 bits with 100 filtered hindsight goals, seeds 1-3 (issue 13)
 #     EPOCHS=20 bench/tables.sh htrpo_push  # the long issue-13 tables capped at 20 epochs per run (resume later uncapped)
 #     bench/tables.sh htrpo_reach_fast  # HTRPO FetchReachDiscrete, the minutes recipe, 5 seeds it was not tuned on
 #     bench/tables.sh bitflip_dqn     # Double DQN + HER on 30, 40 and 50 bits, the recipes' budgets (issue 13)
@@ -141,6 +142,8 @@ htrpo_bits)  # issue 13: HTRPO on 16 and 32 bits, the authors' configs (bitflip_
     for seed in 0 1 2; do
         sweep htrpo_bits --config bitflip_16_htrpo --config bitflip_32_htrpo --seeds "$seed" "${cap[@]}"
     done ;;
+htrpo_bits32)  # issue 13: bitflip_32_htrpo (100 filtered hindsight goals) on seeds 1-3 (screened on seed 0)
+    sweep htrpo_bits32 --config bitflip_32_htrpo --seeds 1-3 "${cap[@]}" ;;
 htrpo_reach_fast)  # issue 13: fetch_reach_discrete_htrpo_fast on seeds 10-14 (tuned on seeds 0-4)
     sweep htrpo_reach_fast --config fetch_reach_discrete_htrpo_fast --seeds 10-14 ;;
 bitflip_dqn)  # issue 13: the HER paper's bit-flipping rows, 3 seeds
@@ -160,6 +163,6 @@ predator_prey|predator_prey_sac)  # issue 13: seed 003's 12 conditions, intercep
         done; done; done
     done ;;
 *)
-    echo "usage: bench/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|push_td3_diag|push_sac_diag|other_tasks|htrpo_discrete|htrpo_reach_discrete|htrpo_push_discrete|htrpo_push|ms_pacman|htrpo_reach_fast|htrpo_bits|bitflip_dqn|predator_prey|predator_prey_sac" >&2
+    echo "usage: bench/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|push_td3_diag|push_sac_diag|other_tasks|htrpo_discrete|htrpo_reach_discrete|htrpo_push_discrete|htrpo_push|ms_pacman|htrpo_reach_fast|htrpo_bits|htrpo_bits32|bitflip_dqn|predator_prey|predator_prey_sac" >&2
     exit 2 ;;
 esac
