@@ -19,7 +19,7 @@
 #     bench/tables.sh htrpo_reach_discrete  # HTRPO FetchReachDiscrete, the paper's recipe, 3 seeds (issue 13)
 #     bench/tables.sh htrpo_push      # HTRPO continuous FetchPush, 2M steps (issue 13)
 #     bench/tables.sh ms_pacman       # HTRPO and DQN+HER on MsPacmanGoal, 2M steps (issue 13)
-#     bench/tables.sh htrpo_bits      # HTRPO on 16 and 32 bits from all-zero bits, the authors' settings (issue 13)
+#     bench/tables.sh htrpo_bits      # HTRPO on 16 and 32 bits from all-zero bits, seeds 0-2 (issue 13)
 #     bench/tables.sh htrpo_bits32    # HTRPO 32 bits with 100 filtered hindsight goals, seeds 1-3 (issue 13)
 #     EPOCHS=20 bench/tables.sh htrpo_push  # the long issue-13 tables capped at 20 epochs per run (resume later uncapped)
 #     bench/tables.sh htrpo_reach_fast  # HTRPO FetchReachDiscrete, the minutes recipe, 5 seeds it was not tuned on
@@ -138,7 +138,7 @@ ms_pacman)  # issue 13: HTRPO and DQN+HER on MsPacmanGoal-v0, the recipes' 2M-st
     for seed in 0 1 2; do
         sweep ms_pacman --config ms_pacman_goal_htrpo --config ms_pacman_goal_dqn --seeds "$seed" "${cap[@]}"
     done ;;
-htrpo_bits)  # issue 13: HTRPO on 16 and 32 bits, the authors' configs (bitflip_{16,32}_htrpo), 3 seeds
+htrpo_bits)  # issue 13: HTRPO on 16 and 32 bits (bitflip_{16,32}_htrpo), 3 seeds; htrpo_bits32 below is the 32-bit table
     for seed in 0 1 2; do
         sweep htrpo_bits --config bitflip_16_htrpo --config bitflip_32_htrpo --seeds "$seed" "${cap[@]}"
     done ;;
