@@ -23,6 +23,7 @@
 #     bench/tables.sh htrpo_bits32    # HTRPO 32 bits with 100 filtered hindsight goals, seeds 1-3 (issue 13)
 #     EPOCHS=20 bench/tables.sh htrpo_push  # the long issue-13 tables capped at 20 epochs per run (resume later uncapped)
 #     bench/tables.sh htrpo_reach_fast  # HTRPO FetchReachDiscrete, the minutes recipe, 5 seeds it was not tuned on
+#     bench/tables.sh htrpo_reach_entropy  # FetchReachDiscrete paper recipe with/without the authors' entropy bonus, held-out seeds
 #     bench/tables.sh bitflip_dqn     # Double DQN + HER on 30, 40 and 50 bits, the recipes' budgets (issue 13)
 #     bench/tables.sh predator_prey   # PPO-HER vs PPO on the 12 predator-prey conditions, 2 seeds (issue 13)
 #     bench/tables.sh predator_prey_sac  # SAC+HER vs SAC on the same conditions (~1 h per run at np=2)
@@ -126,6 +127,13 @@ htrpo_reach_discrete)  # issue 13: HTRPO FetchReachDiscrete alone, the paper's r
     for seed in 0 1 2; do
         sweep htrpo_reach_discrete --config fetch_reach_discrete_htrpo --seeds "$seed" "${cap[@]}"
     done ;;
+htrpo_reach_entropy)  # issue 13: the authors' commented-out entropy bonus (0.003, uniform) on FetchReachDiscrete, 40 epochs:
+    # entropy seed 1, then both settings on seeds 3-5 (seeds 0 and 2 of both ran before: bench/results/htrpo_reach_discrete*)
+    for seed in ${SEEDS:-1 3 4 5}; do
+        [ "$seed" = 1 ] || sweep htrpo_reach_discrete --config fetch_reach_discrete_htrpo --seeds "$seed" --set train.n_epochs=40
+        sweep htrpo_reach_discrete_entropy --config fetch_reach_discrete_htrpo --seeds "$seed" \
+            --set algo.entropy_coef=0.003 --set algo.entropy_weighting=uniform --set train.n_epochs=40
+    done ;;
 htrpo_push_discrete)  # issue 13: HTRPO FetchPushDiscrete alone (2M steps: longer than a session here, see bench/park_runs.py)
     for seed in 0 1 2; do
         sweep htrpo_push_discrete --config fetch_push_discrete_htrpo --seeds "$seed" "${cap[@]}"
@@ -163,6 +171,6 @@ predator_prey|predator_prey_sac)  # issue 13: seed 003's 12 conditions, intercep
         done; done; done
     done ;;
 *)
-    echo "usage: bench/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|push_td3_diag|push_sac_diag|other_tasks|htrpo_discrete|htrpo_reach_discrete|htrpo_push_discrete|htrpo_push|ms_pacman|htrpo_reach_fast|htrpo_bits|htrpo_bits32|bitflip_dqn|predator_prey|predator_prey_sac" >&2
+    echo "usage: bench/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|push_td3_diag|push_sac_diag|other_tasks|htrpo_discrete|htrpo_reach_discrete|htrpo_reach_entropy|htrpo_push_discrete|htrpo_push|ms_pacman|htrpo_reach_fast|htrpo_bits|htrpo_bits32|bitflip_dqn|predator_prey|predator_prey_sac" >&2
     exit 2 ;;
 esac
