@@ -117,10 +117,14 @@ class ConvGoalNet(nn.Module):
 
 def input_layer(network: nn.Module) -> tuple[nn.Linear, int, int]:
     """(first linear layer reading the input x, first x column it reads, its matching input
-    column): an MLP reads all of x from its first layer; the CNN reads the goal part in its head."""
-    if hasattr(network, "input_layer"):
-        return network.input_layer()
-    return next(m for m in network.modules() if isinstance(m, nn.Linear)), 0, 0
+    column): an MLP reads all of x from its first layer; the CNN reads the goal part in its head,
+    also when it sits inside a policy (a categorical policy's ``logits_net``)."""
+    for module in network.modules():
+        if isinstance(module, ConvGoalNet):
+            return module.input_layer()
+        if isinstance(module, nn.Linear):
+            return module, 0, 0
+    raise TypeError(f"{type(network).__name__} has no linear layer reading its input")
 
 
 @torch.no_grad()
@@ -138,6 +142,9 @@ def preserve_function(networks: list[nn.Module], old: tuple, new: tuple) -> None
         layer, x_start, column = input_layer(network)
         columns = slice(column + start - x_start, column + start - x_start + len(scale))
         weight = layer.weight[:, columns]
+        if weight.shape[1] != len(scale):  # a layer that does not read these columns: never rewrite it silently
+            raise ValueError(f"{type(network).__name__}'s first layer has {layer.in_features} inputs; "
+                             f"expected the normalised columns {columns.start}..{columns.stop - 1} among them")
         layer.bias.add_(weight @ shift)
         weight.mul_(scale)
 

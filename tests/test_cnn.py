@@ -117,3 +117,41 @@ def test_export_command_writes_and_verifies_an_image_policy(tmp_path):
     checkpoint = tmp_path / "latest.pt"
     save_checkpoint(checkpoint, state)
     assert export_main(["--checkpoint", str(checkpoint), "--output", str(tmp_path / "p.onnx")]) == 0
+
+
+def pacman_episodes(agent, n_episodes=4):
+    from her_mpi.rollout import RolloutWorker
+
+    worker = RolloutWorker(EnvConfig("MsPacmanGoal-v0"), n_episodes, np.random.SeedSequence(3))
+    return worker.generate(lambda o, g: agent.act(o, g, explore=True), n_episodes)
+
+
+def test_htrpo_normalizer_updates_preserve_the_cnn_policy_and_value():
+    # the CNN sits inside the categorical policy: its goal columns are in the head, not at x[:, 0]
+    agent, _ = agent_for("htrpo")
+    agent.update_normalizers(pacman_episodes(agent))  # some statistics first: the next update moves them
+    episodes = pacman_episodes(agent, n_episodes=2)
+    obs = torch.from_numpy(episodes.obs[:, :-1].reshape(-1, PACMAN.obs_dim))
+    goals = torch.from_numpy(episodes.g[:, :-1].reshape(-1, 2) + np.float32(2.0))  # shifted: new statistics
+    with torch.no_grad():
+        x_before = agent.inputs(obs, goals)
+        before = agent.policy_net(x_before), agent.value_net(x_before)
+    agent.update_normalizers_preserving(episodes, extra_goals=goals.numpy())
+    with torch.no_grad():
+        x_after = agent.inputs(obs, goals)
+        after = agent.policy_net(x_after), agent.value_net(x_after)
+    assert not torch.allclose(x_after[:, -2:], x_before[:, -2:])  # the goal statistics did change
+    torch.testing.assert_close(after[0], before[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(after[1], before[1], rtol=1e-4, atol=1e-5)
+
+
+def test_htrpo_learns_from_ms_pacman_episodes():
+    config = load_config(None, ["algo=htrpo", "env.id=MsPacmanGoal-v0", "algo.hidden=[32, 32, 32]",
+                                "algo.activation=relu", "algo.n_goals=4"])
+    agent = build_agent(config, PACMAN, make_env(config.env, seed=0), np.random.SeedSequence(0))
+    episodes = pacman_episodes(agent)
+    params_before = torch.cat([p.detach().flatten().clone() for p in agent.policy_net.parameters()])
+    metrics = agent.learn(episodes)
+    params_after = torch.cat([p.detach().flatten() for p in agent.policy_net.parameters()])
+    assert all(np.isfinite(float(v)) for v in metrics.values())
+    assert not torch.equal(params_before, params_after)  # the trust-region step moved the policy
