@@ -117,7 +117,9 @@ def command(run: Run, n_ranks: int) -> list[str]:
     cmd = [mpirun(), "--oversubscribe", "--bind-to", "none", "-np", str(n_ranks), sys.executable,
            "-m", "her_mpi.train"]
     if run.can_resume():
-        cmd += ["--resume", str(run.run_dir)]
+        # the budget is this sweep's (recipe + --set), not the one saved with the run: a run capped
+        # earlier (--set train.n_epochs=N) trains on to the recipe's budget when the cap is dropped
+        cmd += ["--resume", str(run.run_dir), "--set", f"train.n_epochs={run.n_epochs}"]
     else:
         cmd += ["--config", str(run.recipe), "--run-dir", str(run.run_dir)]
     for item in run.overrides:

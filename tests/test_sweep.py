@@ -104,6 +104,18 @@ def test_sweep_skips_finished_runs_and_resumes_interrupted_ones(tmp_path):
 
 
 @pytest.mark.mpi
+def test_a_run_capped_earlier_trains_on_to_the_recipes_budget(tmp_path):
+    recipe = tmp_path / "tiny.yaml"  # the recipe's own budget: 2 epochs
+    recipe.write_text(f"inherit: {ROOT / 'configs' / 'fetch_reach_td3.yaml'}\ntrain: {{n_epochs: 2}}\n")
+    tiny = [*TINY_SWEEP[2:], "--config", str(recipe), "--seeds", "0"]
+    capped = sweep(tmp_path / "sweep", *tiny, "--set", "train.n_epochs=1")
+    assert capped.returncode == 0, describe(capped)
+    uncapped = sweep(tmp_path / "sweep", *tiny)  # no cap: the recipe's 2 epochs
+    assert uncapped.returncode == 0 and "resuming" in uncapped.stdout, describe(uncapped)
+    assert [int(r["epoch"]) for r in progress_rows(tmp_path / "sweep" / "tiny" / "seed0")] == [0, 1]
+
+
+@pytest.mark.mpi
 def test_sweep_stopped_mid_run_resumes_where_it_was(tmp_path):
     out = tmp_path / "sweep"
     args = [*TINY_SWEEP, "--seeds", "0", "--set", "train.n_epochs=30"]
