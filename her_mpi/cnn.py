@@ -15,6 +15,8 @@ and Q-networks alike.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -51,6 +53,26 @@ class PixelInput(nn.Module):
         return x if x.dtype == torch.uint8 else x.to(torch.float32)
 
 
+@dataclass(frozen=True)
+class FrameRows:
+    """Network input rows that share their frames: row i is (frames[index[i]], goals[i]).
+
+    A hindsight batch repeats every frame of an episode under each of its goals (16 to 100 copies
+    in the HTRPO recipes); as a dense input each copy would be convolved again and stored again
+    (28,224 values per row). :class:`ConvGoalNet` convolves each frame once and hands its features
+    to every row that uses it. Indexing selects rows, as on a tensor's first dimension."""
+
+    frames: torch.Tensor  # [n_frames, C*H*W] pixel values 0-255 (uint8 as stored)
+    index: torch.Tensor  # [rows] int64: each row's frame
+    goals: torch.Tensor  # [rows, goal_dim], normalised
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, rows) -> "FrameRows":
+        return FrameRows(self.frames, self.index[rows], self.goals[rows])
+
+
 class ImageGoalInput(nn.Module):
     """(image observation, desired_goal) -> [pixel values 0-255, normalised goal] as float32.
 
@@ -68,6 +90,10 @@ class ImageGoalInput(nn.Module):
 
     def forward(self, obs: torch.Tensor, goal: torch.Tensor) -> torch.Tensor:
         return torch.cat([self.obs_normalizer(obs), self.goal_normalizer(goal)], dim=-1)
+
+    def rows(self, frames: torch.Tensor, index: torch.Tensor, goals: torch.Tensor) -> FrameRows:
+        """Inputs of the rows (frames[index[i]], goals[i]), the frames kept once (FrameRows)."""
+        return FrameRows(frames.flatten(1), index, self.goal_normalizer(goals))
 
     def observe(self, obs, goal) -> None:
         self.goal_normalizer.observe(goal)
@@ -105,14 +131,22 @@ class ConvGoalNet(nn.Module):
         the goal columns x[:, obs_dim:] enter the FC head after the conv features."""
         return next(m for m in self.head.modules() if isinstance(m, nn.Linear)), self.obs_dim, self.features
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # The image columns of x are a strided view (each row also holds the goal); convolving that
-        # view directly made the update ~2x slower (a hidden copy per call, a slow weight-gradient
-        # path). One channels-last copy, scaled in place, is cheaper than either: the standalone
+    def forward(self, x: torch.Tensor | FrameRows) -> torch.Tensor:
+        if isinstance(x, FrameRows):  # each frame convolved once, its features indexed per row
+            used, inverse = torch.unique(x.index, return_inverse=True)
+            features = self.conv_features(x.frames[used])[inverse]
+            return self.head(torch.cat([features, x.goals], dim=-1))
+        return self.head(torch.cat([self.conv_features(x[:, : self.obs_dim]), x[:, self.obs_dim:]], dim=-1))
+
+    def conv_features(self, pixels: torch.Tensor) -> torch.Tensor:
+        """[n, C*H*W] pixel values 0-255 -> [n, features]."""
+        # The image columns of a dense x are a strided view (each row also holds the goal); convolving
+        # that view directly made the update ~2x slower (a hidden copy per call, a slow weight-gradient
+        # path). One channels-last float copy, scaled in place, is cheaper than either: the standalone
         # DQN update at batch 128 went from 188 to 145 ms (bench/epoch_time.py, two ranks, quiet).
-        pixels = x[:, : self.obs_dim].reshape(-1, *self.obs_shape)
-        image = pixels.contiguous(memory_format=torch.channels_last).div_(PIXEL_MAX)
-        return self.head(torch.cat([self.convs(image), x[:, self.obs_dim:]], dim=-1))
+        image = pixels.reshape(-1, *self.obs_shape)
+        image = image.to(torch.float32, memory_format=torch.channels_last, copy=True).div_(PIXEL_MAX)
+        return self.convs(image)
 
 
 def input_layer(network: nn.Module) -> tuple[nn.Linear, int, int]:

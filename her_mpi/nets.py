@@ -47,6 +47,10 @@ class GoalConditionedInput(nn.Module):
         return normalize(torch.cat([obs, goal], dim=-1), mean, std, obs_norm.clip_raw, obs_norm.clip,
                          obs_norm.enabled)
 
+    def rows(self, observations: torch.Tensor, index: torch.Tensor, goals: torch.Tensor) -> torch.Tensor:
+        """Inputs of the rows (observations[index[i]], goals[i]) (see ImageGoalInput.rows)."""
+        return self(observations[index], goals)
+
     def observe(self, obs, goal) -> None:
         self.obs_normalizer.observe(obs)
         self.goal_normalizer.observe(goal)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from her_mpi.checkpoint import save_checkpoint
-from her_mpi.cnn import ConvGoalNet, ImageGoalInput
+from her_mpi.cnn import ConvGoalNet, FrameRows, ImageGoalInput
 from her_mpi.config import EnvConfig, load_config
 from her_mpi.envs import EnvSpec, make_env
 from her_mpi.export import export_policy, main as export_main, verify
@@ -155,3 +155,30 @@ def test_htrpo_learns_from_ms_pacman_episodes():
     params_after = torch.cat([p.detach().flatten() for p in agent.policy_net.parameters()])
     assert all(np.isfinite(float(v)) for v in metrics.values())
     assert not torch.equal(params_before, params_after)  # the trust-region step moved the policy
+
+
+def test_rows_sharing_frames_compute_what_dense_rows_do():
+    # hindsight copies repeat each frame under other goals: convolving each frame once must give the
+    # dense input's outputs, gradients and (HTRPO's conjugate gradient) Hessian-vector products
+    agent, _ = agent_for("htrpo")
+    episodes = pacman_episodes(agent, n_episodes=3)
+    rng = np.random.default_rng(0)
+    ep, t = rng.integers(0, 3, 200), rng.integers(0, episodes.lengths.min(), 200)
+    goals = rng.uniform(0, 18, (200, 2)).astype(np.float32)
+    shared = agent.inputs_at(episodes, ep, t, goals)
+    dense = agent.inputs(torch.from_numpy(episodes.obs[ep, t]), torch.from_numpy(goals))
+    assert isinstance(shared, FrameRows) and len(shared) == 200 and len(shared[:10]) == 10
+    actions = torch.from_numpy(rng.integers(0, 4, (200, 1)))
+    params = list(agent.policy_net.parameters())
+    vector = [torch.randn_like(q) for q in params]
+    results = []
+    for x in (shared, dense):
+        log_prob = agent.policy_net.log_prob(x, actions)
+        grads = torch.autograd.grad(log_prob.square().sum(), params, create_graph=True)
+        hvp = torch.autograd.grad(sum((g * v).sum() for g, v in zip(grads, vector)), params)
+        results.append((log_prob.detach(), agent.value_net(x).detach(), [g.detach() for g in grads], hvp))
+    for a, b in zip(results[0][:2], results[1][:2]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    # gradients sum the rows in another order (per frame first): equal up to float32 rounding
+    for a, b in zip(results[0][2] + list(results[0][3]), results[1][2] + list(results[1][3])):
+        assert float((a - b).norm()) <= 1e-4 * float(b.norm()) + 1e-6, (float((a - b).norm()), float(b.norm()))

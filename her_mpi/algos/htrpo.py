@@ -243,7 +243,7 @@ class HindsightAgent(OnPolicyAgent):
         with torch.no_grad():
             log_prob_goal = self.policy_net.log_prob(batch["x"], batch["actions"])
             ep = data.source[copy]
-            x_own = self.inputs(torch.from_numpy(episodes.obs[ep, t]), torch.from_numpy(episodes.g[ep, t]))
+            x_own = self.inputs_at(episodes, ep, t, episodes.g[ep, t])
             log_prob_own = self.policy_net.log_prob(x_own, batch["actions"])
             del x_own
         batch["old_log_prob"] = log_prob_goal

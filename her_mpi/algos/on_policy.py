@@ -190,14 +190,20 @@ class OnPolicyAgent(Agent):
         (``x_next``, for a critic's bootstrap) when ``next_inputs``."""
         copy, t = data.rows
         ep = data.source[copy]
-        with torch.no_grad():
-            rows = {"x": self.inputs(torch.from_numpy(episodes.obs[ep, t]), torch.from_numpy(data.goals[copy, t]))}
-            if next_inputs:
-                rows["x_next"] = self.inputs(torch.from_numpy(episodes.obs[ep, t + 1]),
-                                             torch.from_numpy(data.goals[copy, t + 1]))
+        rows = {"x": self.inputs_at(episodes, ep, t, data.goals[copy, t])}
+        if next_inputs:
+            rows["x_next"] = self.inputs_at(episodes, ep, t + 1, data.goals[copy, t + 1])
         return rows | {"actions": torch.from_numpy(episodes.actions[ep, t]),
                        "terminal": torch.from_numpy(data.terminal[copy, t].astype(np.float32)),
                        "t": torch.from_numpy(t)}
+
+    @torch.no_grad()
+    def inputs_at(self, episodes: Episodes, ep: np.ndarray, t: np.ndarray, goals: np.ndarray):
+        """Network inputs of the rows (episode ep, step t) under ``goals``: a tensor, or for image
+        observations rows that share the episodes' frames (her_mpi.cnn.FrameRows)."""
+        n_steps = episodes.obs.shape[1]
+        observations = torch.from_numpy(episodes.obs.reshape(-1, episodes.obs.shape[-1]))
+        return self.inputs.rows(observations, torch.from_numpy(ep * n_steps + t), torch.from_numpy(goals))
 
     def fit_value(self, x: torch.Tensor, targets: torch.Tensor, iterations: int, batch_size: int = 0) -> float:
         """Regress V(x) on fixed targets; full batch (batch_size 0) or minibatches per iteration."""
