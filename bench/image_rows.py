@@ -43,11 +43,12 @@ def measure(mode: str, n_episodes: int, repeats: int, overrides: list[str]) -> d
     agent = build_agent(config, env_spec(env, config.env.id), env, np.random.SeedSequence(0))
     worker = RolloutWorker(config.env, n_episodes, np.random.SeedSequence(1))
     episodes = worker.generate(lambda o, g: agent.act(o, g, explore=True), n_episodes)
-    start = copy.deepcopy(agent.state_dict())
+    start, rng_start = copy.deepcopy(agent.state_dict()), copy.deepcopy(agent.rng_state())
     before = torch.cat([p.detach().flatten() for p in agent.policy_net.parameters()]).tolist()
     seconds, metrics, params = [], {}, None
     for _ in range(repeats):
         agent.load_state_dict(copy.deepcopy(start))
+        agent.set_rng_state(copy.deepcopy(rng_start))  # hvp_subsample / critic minibatches draw from it
         began = time.perf_counter()
         metrics = agent.learn(episodes)
         seconds.append(time.perf_counter() - began)

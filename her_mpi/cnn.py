@@ -4,7 +4,9 @@ Image observations travel through rollouts and replay as flat uint8 rows (4x84x8
 bytes per step instead of 112,896 as float32). They become float only at the network:
 :class:`ImageGoalInput` normalises the goal as usual and concatenates it to the raw pixel values
 (no running statistics: a pixel's scale is known, and per-pixel normalisation would blow up the
-always-black borders), so every algorithm keeps its one input tensor ``x``.
+always-black borders), so every algorithm keeps its one input tensor ``x``. The on-policy
+algorithms' hindsight batches use :class:`FrameRows` instead: each frame stored once, with an index
+per row, so that its goal copies share one convolution.
 :class:`ConvGoalNet` splits ``x`` again and scales the pixels to [0, 1] as it copies them into
 the layout its convolutions run fastest on; the image goes through three convolutions (8 filters
 8x8 stride 4, 16 filters 4x4 stride 2, 16 filters 3x3 stride 2, as in the HTRPO authors' code),
@@ -53,7 +55,7 @@ class PixelInput(nn.Module):
         return x if x.dtype == torch.uint8 else x.to(torch.float32)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class FrameRows:
     """Network input rows that share their frames: row i is (frames[index[i]], goals[i]).
 
@@ -103,8 +105,8 @@ class ImageGoalInput(nn.Module):
 
 
 class ConvGoalNet(nn.Module):
-    """x = [image pixel values 0-255 (flat), goal] -> convolutions on the scaled image, goal
-    appended, FC layers."""
+    """x = [image pixel values 0-255 (flat), goal] (or FrameRows) -> convolutions on the scaled
+    image, goal appended, FC layers."""
 
     def __init__(self, obs_shape: tuple, goal_dim: int, hidden: list[int], out_dim: int,
                  activation: str = "relu", output_activation: type[nn.Module] | None = None):

@@ -59,6 +59,11 @@ class Run:
     def is_finished(self) -> bool:
         return (self.run_dir / FINISHED).is_file() and self.epochs_done() >= self.n_epochs
 
+    def is_past_budget(self) -> bool:
+        """Stopped (not finished) at or beyond this sweep's budget: nothing to train (EPOCHS=40 for a
+        run stopped at epoch 59)."""
+        return not self.is_finished() and self.can_resume() and self.epochs_done() >= self.n_epochs
+
     def seconds_per_epoch(self) -> float | None:
         """Median epoch duration so far (progress.csv's time_s runs on across resumes), None before
         epoch 1. The median, so that an epoch stalled by a pause or a restart does not set the ETA."""
@@ -158,14 +163,19 @@ class Sweep:
         self.jobs: dict[Run, tuple[subprocess.Popen, float, int]] = {}
 
     def pending(self) -> list[Run]:
-        return [r for r in self.runs if not r.is_finished()]
+        return [r for r in self.runs if not r.is_finished() and not r.is_past_budget()]
 
     def run(self) -> int:
         todo = self.pending()
-        skipped = len(self.runs) - len(todo)
+        past = [r for r in self.runs if r.is_past_budget()]
+        skipped = len(self.runs) - len(todo) - len(past)
         print(f"her_mpi.sweep: {len(self.runs)} runs ({skipped} already finished, "
-              f"{sum(r.can_resume() for r in todo)} to resume), {self.n_ranks} rank(s) each, "
+              + (f"{len(past)} stopped past this budget, " if past else "")
+              + f"{sum(r.can_resume() for r in todo)} to resume), {self.n_ranks} rank(s) each, "
               f"{self.parallel} at a time", flush=True)
+        for run in past:
+            print(f"  skipping {run.label}: {run.epochs_done()} epochs done, this sweep's budget is {run.n_epochs}",
+                  flush=True)
         queue = list(todo)
         try:
             while queue or self.jobs:

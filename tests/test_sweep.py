@@ -138,6 +138,9 @@ def test_sweep_stopped_mid_run_resumes_where_it_was(tmp_path):
     assert "stopped" in (out / "logs" / "fetch_reach_td3_seed0.log").read_text().split("===")[-1]
     done = len(progress_rows(run_dir))
     assert 2 <= done < 30 and not (run_dir / "finished.json").exists()
+    past = sweep(out, *TINY_SWEEP, "--seeds", "0", "--set", f"train.n_epochs={done - 1}")  # a smaller budget
+    assert past.returncode == 0 and "stopped past this budget" in past.stdout, describe(past)
+    assert "resuming" not in past.stdout and len(progress_rows(run_dir)) == done
     resumed = sweep(out, *TINY_SWEEP, "--seeds", "0", "--set", f"train.n_epochs={done + 1}")
     assert resumed.returncode == 0, describe(resumed)
     assert "resuming" in resumed.stdout

@@ -185,9 +185,10 @@ class OnPolicyAgent(Agent):
         self.update_normalizers(episodes, extra_goals)
         preserve_function([self.policy_net, self.value_net], old, input_statistics(self.inputs))
 
-    def row_tensors(self, episodes: Episodes, data: Relabelled, next_inputs: bool = True) -> dict[str, torch.Tensor]:
+    def row_tensors(self, episodes: Episodes, data: Relabelled, next_inputs: bool = True) -> dict:
         """Network inputs of the valid rows under the copy's goal, and at the next state
-        (``x_next``, for a critic's bootstrap) when ``next_inputs``."""
+        (``x_next``, for a critic's bootstrap) when ``next_inputs``; tensors, but for image
+        observations ``x`` and ``x_next`` are FrameRows (indexable like tensors)."""
         copy, t = data.rows
         ep = data.source[copy]
         rows = {"x": self.inputs_at(episodes, ep, t, data.goals[copy, t])}
@@ -201,11 +202,11 @@ class OnPolicyAgent(Agent):
     def inputs_at(self, episodes: Episodes, ep: np.ndarray, t: np.ndarray, goals: np.ndarray):
         """Network inputs of the rows (episode ep, step t) under ``goals``: a tensor, or for image
         observations rows that share the episodes' frames (her_mpi.cnn.FrameRows)."""
-        n_steps = episodes.obs.shape[1]
-        observations = torch.from_numpy(episodes.obs.reshape(-1, episodes.obs.shape[-1]))
-        return self.inputs.rows(observations, torch.from_numpy(ep * n_steps + t), torch.from_numpy(goals))
+        stride = episodes.obs.shape[1]  # observations per episode (T + 1)
+        observations = torch.from_numpy(episodes.obs.reshape(len(episodes) * stride, -1))
+        return self.inputs.rows(observations, torch.from_numpy(ep * stride + t), torch.from_numpy(goals))
 
-    def fit_value(self, x: torch.Tensor, targets: torch.Tensor, iterations: int, batch_size: int = 0) -> float:
+    def fit_value(self, x, targets: torch.Tensor, iterations: int, batch_size: int = 0) -> float:
         """Regress V(x) on fixed targets; full batch (batch_size 0) or minibatches per iteration."""
         loss = torch.zeros(())
         n = len(x)
