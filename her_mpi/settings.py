@@ -123,12 +123,18 @@ class TrainConfig:
                                    "steps (all ranks together); learning runs as usual meanwhile")
     stop_success: float | None = setting(None, "stop after the first evaluation whose test success rate reaches "
                                                "this (null: train every epoch)")
+    # Where episodes end at success (bit flipping, discrete Fetch, Ms. Pac-Man) an epoch's env steps
+    # shrink as the policy learns: a budget in env steps needs its own bound, n_epochs then a cap.
+    max_env_steps: int | None = setting(None, "stop after the first epoch that brings the env steps of all ranks "
+                                              "to this many (null: n_epochs alone sets the budget)")
 
     def validate(self, path: str) -> None:
         for name in ("n_epochs", "n_cycles", "batch_size", "rollouts_per_rank", "torch_threads"):
             check(getattr(self, name) >= 1, f"{path}.{name}", getattr(self, name), "an integer >= 1")
         for name in ("n_batches", "n_test_episodes", "seed", "sync_check_every", "random_steps"):
             check(getattr(self, name) >= 0, f"{path}.{name}", getattr(self, name), "an integer >= 0")
+        check(self.max_env_steps is None or self.max_env_steps >= 1, f"{path}.max_env_steps", self.max_env_steps,
+              "an integer >= 1 or null")
         check(self.stop_success is None or 0.0 < self.stop_success <= 1.0, f"{path}.stop_success",
               self.stop_success, "a success rate in (0, 1] or null")
         check(self.stop_success is None or self.n_test_episodes > 0 or bool(self.n_test_rollouts),

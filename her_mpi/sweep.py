@@ -45,6 +45,7 @@ class Run:
     seed: int
     run_dir: Path
     n_epochs: int
+    max_env_steps: int | None = None  # train.max_env_steps: the budget in env steps, n_epochs then a cap
     overrides: list[str] = field(default_factory=list)  # what every job gets, seed included
     user_overrides: list[str] = field(default_factory=list)  # the sweep's --set values
 
@@ -56,13 +57,27 @@ class Run:
         """Epochs in progress.csv (rows are written before each checkpoint)."""
         return len(progress_rows(self.run_dir))
 
+    def reached_budget(self) -> bool:
+        """This sweep's epochs done, or its env steps (train.max_env_steps) collected."""
+        if self.epochs_done() >= self.n_epochs:
+            return True
+        return self.max_env_steps is not None and int(float(last_row(self.run_dir).get("env_steps") or 0)) >= self.max_env_steps
+
+    def epochs_left(self) -> float:
+        """Epochs until the budget; with train.max_env_steps, at the env steps per epoch so far."""
+        left = self.n_epochs - self.epochs_done()
+        steps = int(float(last_row(self.run_dir).get("env_steps") or 0))
+        if self.max_env_steps is None or not steps:
+            return left
+        return min(left, max(self.max_env_steps - steps, 0) / (steps / self.epochs_done()))
+
     def is_finished(self) -> bool:
-        return (self.run_dir / FINISHED).is_file() and self.epochs_done() >= self.n_epochs
+        return (self.run_dir / FINISHED).is_file() and self.reached_budget()
 
     def is_past_budget(self) -> bool:
         """Stopped (not finished) at or beyond this sweep's budget: nothing to train (EPOCHS=40 for a
         run stopped at epoch 59)."""
-        return not self.is_finished() and self.can_resume() and self.epochs_done() >= self.n_epochs
+        return not self.is_finished() and self.can_resume() and self.reached_budget()
 
     def seconds_per_epoch(self) -> float | None:
         """Median epoch duration so far (progress.csv's time_s runs on across resumes), None before
@@ -104,7 +119,7 @@ def plan(recipes: list[str], seeds: list[int], n_ranks: int, overrides: list[str
                 raise ConfigError(f"train.stop_success = {config.train.stop_success} ({recipe}) would end runs before "
                                   "their budget, but a sweep compares runs at equal budgets; expected null")
             runs.append(Run(recipe, name, seed, out / name / f"seed{seed}", config.train.n_epochs,
-                            run_overrides, list(overrides)))
+                            config.train.max_env_steps, run_overrides, list(overrides)))
     return runs
 
 
@@ -124,7 +139,9 @@ def command(run: Run, n_ranks: int) -> list[str]:
     if run.can_resume():
         # the budget is this sweep's (recipe + --set), not the one saved with the run: a run capped
         # earlier (--set train.n_epochs=N) trains on to the recipe's budget when the cap is dropped
-        cmd += ["--resume", str(run.run_dir), "--set", f"train.n_epochs={run.n_epochs}"]
+        budget = "null" if run.max_env_steps is None else run.max_env_steps
+        cmd += ["--resume", str(run.run_dir), "--set", f"train.n_epochs={run.n_epochs}",
+                "--set", f"train.max_env_steps={budget}"]
     else:
         cmd += ["--config", str(run.recipe), "--run-dir", str(run.run_dir)]
     for item in run.overrides:
@@ -174,8 +191,8 @@ class Sweep:
               + f"{sum(r.can_resume() for r in todo)} to resume), {self.n_ranks} rank(s) each, "
               f"{self.parallel} at a time", flush=True)
         for run in past:
-            print(f"  skipping {run.label}: {run.epochs_done()} epochs done, this sweep's budget is {run.n_epochs}",
-                  flush=True)
+            budget = f"{run.n_epochs} epochs" + (f" or {run.max_env_steps:,} env steps" if run.max_env_steps else "")
+            print(f"  skipping {run.label}: {run.epochs_done()} epochs done, this sweep's budget is {budget}", flush=True)
         queue = list(todo)
         try:
             while queue or self.jobs:
@@ -219,7 +236,7 @@ class Sweep:
                 print(f"  stopped {run.label} after {format_duration(elapsed)} (checkpoint written; "
                       "run the sweep again to resume it)", flush=True)
                 continue
-            if process.returncode != 0 or run.epochs_done() < run.n_epochs:
+            if process.returncode != 0 or not run.reached_budget():
                 self.failed.append(run)
                 print(f"  FAILED {run.label}: exit {process.returncode} after {format_duration(elapsed)} "
                       f"(log: {self.log_dir / f'{run.name}_seed{run.seed}.log'})", file=sys.stderr, flush=True)
@@ -243,7 +260,7 @@ class Sweep:
         if not measured:
             return float("nan")
         overall = sum(sum(v) for v in measured.values()) / sum(len(v) for v in measured.values())
-        remaining = sum((r.n_epochs - r.epochs_done()) *
+        remaining = sum(r.epochs_left() *
                         (sum(measured[r.name]) / len(measured[r.name]) if r.name in measured else overall)
                         for r in self.pending())
         return remaining / self.parallel

@@ -242,9 +242,11 @@ class Trainer:
         row: dict = {}
         try:
             with StopSignals() as self.signals:
-                for epoch in range(self.start_epoch, train.n_epochs):
+                # a resume at an epoch's end may already have the budget's env steps (a run extended by epochs)
+                resumed_spent = self.progress is None and self.env_budget_spent(self.resumed_env_steps)
+                for epoch in range(self.start_epoch, 0 if resumed_spent else train.n_epochs):
                     row = self._run_epoch(epoch)
-                    if self.solved(row):
+                    if self.solved(row) or self.env_budget_spent(row["env_steps"], epoch):
                         break
         finally:
             if self.logger is not None:
@@ -261,6 +263,17 @@ class Trainer:
         if mpi.is_root():
             print(f"her_mpi: test success {row['test_success_rate']:.3f} reached train.stop_success = {goal} "
                   f"after epoch {int(row['epoch'])}; stopping", flush=True)
+        return True
+
+    def env_budget_spent(self, env_steps: int, epoch: int | None = None) -> bool:
+        """Whether ``env_steps`` (all ranks) reached ``train.max_env_steps``."""
+        budget = self.config.train.max_env_steps
+        if budget is None or env_steps < budget:
+            return False
+        if mpi.is_root():
+            after = f"after epoch {epoch}" if epoch is not None else "at the checkpoint"
+            print(f"her_mpi: {int(env_steps):,} env steps reached train.max_env_steps = {budget:,} {after}; "
+                  "stopping", flush=True)
         return True
 
     def close(self) -> None:

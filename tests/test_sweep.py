@@ -14,7 +14,7 @@ import pytest
 import yaml
 from scipy import stats
 
-from conftest import ROOT, describe, mpi_env
+from conftest import ROOT, describe, mpi_env, run_mpi
 from her_mpi import plot
 from her_mpi.config import ConfigError, load_config
 from her_mpi.sweep import parse_seeds
@@ -113,6 +113,24 @@ def test_a_run_capped_earlier_trains_on_to_the_recipes_budget(tmp_path):
     uncapped = sweep(tmp_path / "sweep", *tiny)  # no cap: the recipe's 2 epochs
     assert uncapped.returncode == 0 and "resuming" in uncapped.stdout, describe(uncapped)
     assert [int(r["epoch"]) for r in progress_rows(tmp_path / "sweep" / "tiny" / "seed0")] == [0, 1]
+
+
+@pytest.mark.mpi
+def test_a_budget_in_env_steps_ends_runs_and_sweeps(tmp_path):
+    # 2 ranks x 2 cycles x 2 episodes x 50 steps = 400 env steps per epoch; n_epochs is only a cap
+    out, run_dir = tmp_path / "sweep", tmp_path / "sweep" / "fetch_reach_td3" / "seed0"
+    first = sweep(out, *TINY_SWEEP, "--seeds", "0", "--set", "train.n_epochs=5", "--set", "train.max_env_steps=700")
+    assert first.returncode == 0 and "[1/1]" in first.stdout, describe(first)
+    assert [int(r["env_steps"]) for r in progress_rows(run_dir)] == [400, 800]
+    again = sweep(out, *TINY_SWEEP, "--seeds", "0", "--set", "train.n_epochs=5", "--set", "train.max_env_steps=700")
+    assert "1 already finished" in again.stdout and "starting" not in again.stdout, describe(again)
+    longer = sweep(out, *TINY_SWEEP, "--seeds", "0", "--set", "train.n_epochs=5", "--set", "train.max_env_steps=1100")
+    assert longer.returncode == 0 and "resuming" in longer.stdout, describe(longer)
+    assert [int(r["env_steps"]) for r in progress_rows(run_dir)] == [400, 800, 1200]
+    # a resume that already has its budget trains nothing
+    spent = run_mpi(2, ["-m", "her_mpi.train", "--resume", run_dir, "--set", "train.max_env_steps=1000"])
+    assert spent.returncode == 0 and "reached train.max_env_steps = 1,000" in spent.stdout, describe(spent)
+    assert len(progress_rows(run_dir)) == 3
 
 
 @pytest.mark.mpi
