@@ -319,7 +319,11 @@ class Trainer:
         if self.logger is not None:
             if (epoch + 1) % self.config.log.print_every == 0 or epoch + 1 == train.n_epochs:
                 # median: one stalled epoch (a paused job, a slow filesystem) does not inflate the ETA
-                remaining = (train.n_epochs - epoch - 1) * float(np.median(self.epoch_times[-5:]))
+                epochs_left = train.n_epochs - epoch - 1
+                if train.max_env_steps is not None:  # at this run's env steps per epoch so far
+                    epochs_left = min(epochs_left, max(train.max_env_steps - row["env_steps"], 0)
+                                      * (epoch + 1) / max(row["env_steps"], 1))
+                remaining = epochs_left * float(np.median(self.epoch_times[-5:]))
                 print(progress_line(row, train.n_epochs, self.epoch_times[-1], remaining), flush=True)
             if self.video is not None and self.video.due(epoch):  # rank 0 only, no collective
                 print(self.video.record(self.agent, epoch, row["env_steps"], self.logger.writer), flush=True)
