@@ -4,7 +4,8 @@ conditions (interception distance x arena size x dimensions), at equal env steps
     bench/tables.sh predator_prey            # the PPO rows (bench/tables.sh predator_prey_sac: SAC rows)
     python bench/predator_prey_table.py runs/sweeps/predator_prey
 
-Copies the finished runs' small files to bench/results/runs/predator_prey/ and writes
+Copies the finished runs' small files to bench/results/runs/predator_prey_12/ (keeping the runs
+already there that the sweep directory does not have: the table is made over several sessions) and writes
 bench/results/predator_prey_12.{md,json,png}: per condition and algorithm, the median over seeds
 of the final test success rate (the last evaluation, at the recipe's budget), every seed's value,
 the median wall-clock of a run, and which algorithm has the best median. The paper reports median
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -123,9 +123,10 @@ def main() -> int:
     if not args.sweep.is_dir():
         parser.error(f"sweep directory {str(args.sweep)!r} does not exist")
     destination = RESULTS / "runs" / args.name
-    shutil.rmtree(destination, ignore_errors=True)
+    # Runs of earlier sessions stay (runs/ may not survive a session; the table grows over several):
+    # a run in the sweep directory replaces its copy, others are kept.
     copied = copy_runs(args.sweep, destination, finished_only=True)
-    if not copied:
+    if not copied and not destination.is_dir():
         parser.error(f"no finished runs under {str(args.sweep)!r}")
     summary = summarise(find_runs([destination]))
     algorithms = [a for a in ALGORITHMS.values() if any(a in r["algorithms"] for r in summary["conditions"])]
