@@ -246,6 +246,7 @@ class Trainer:
                 resumed_spent = self.progress is None and self.env_budget_spent(self.resumed_env_steps)
                 for epoch in range(self.start_epoch, 0 if resumed_spent else train.n_epochs):
                     row = self._run_epoch(epoch)
+                    # progress.csv counts epochs from 0, the console (and these stop lines) from 1
                     if self.solved(row) or self.env_budget_spent(row["env_steps"], epoch):
                         break
         finally:
@@ -262,7 +263,7 @@ class Trainer:
             return False
         if mpi.is_root():
             print(f"her_mpi: test success {row['test_success_rate']:.3f} reached train.stop_success = {goal} "
-                  f"after epoch {int(row['epoch'])}; stopping", flush=True)
+                  f"after epoch {int(row['epoch']) + 1}; stopping", flush=True)
         return True
 
     def env_budget_spent(self, env_steps: int, epoch: int | None = None) -> bool:
@@ -271,7 +272,7 @@ class Trainer:
         if budget is None or env_steps < budget:
             return False
         if mpi.is_root():
-            after = f"after epoch {epoch}" if epoch is not None else "at the checkpoint"
+            after = f"after epoch {epoch + 1}" if epoch is not None else "at the checkpoint"
             print(f"her_mpi: {int(env_steps):,} env steps reached train.max_env_steps = {budget:,} {after}; "
                   "stopping", flush=True)
         return True

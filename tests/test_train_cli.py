@@ -154,7 +154,7 @@ def test_training_stops_at_the_first_evaluation_that_reaches_stop_success(tmp_pa
     assert result.returncode == 0, describe(result)
     success = [float(r["test_success_rate"]) for r in read_progress(run_dir)]
     assert len(success) < 6 and success[-1] >= 0.02 and all(s < 0.02 for s in success[:-1]), success
-    assert f"reached train.stop_success = 0.02 after epoch {len(success) - 1}; stopping" in result.stdout
+    assert f"reached train.stop_success = 0.02 after epoch {len(success)}; stopping" in result.stdout
 
 
 def test_unknown_config_key(tmp_path):
