@@ -3,7 +3,8 @@
 against dense rows (every goal copy of a frame carried and convolved on its own, as before).
 
 The same episodes and agent state in both modes: ``ms_pacman_goal_htrpo``'s per-rank iteration
-(6 episodes of <= 26 steps, 16 hindsight goals), one rank. Each mode runs in its own process so
+(6 episodes of <= 26 steps, 16 hindsight goals; MEASURED_RECIPE pins the recipe's settings of the
+committed result), one rank. Each mode runs in its own process so
 that its peak RSS is its own; the learn() time is the median over ``--repeats`` iterations, each
 from the same starting state. Also checks that both modes take the same step (the policies'
 parameters after the first iteration agree to float rounding).
@@ -27,6 +28,10 @@ import torch
 
 from common import ROOT, save
 
+# The recipe as it was when bench/results/image_rows.json was measured (hindsight copies only, no entropy
+# bonus); the recipe later added the episodes' own goals, which changes the row count. --set overrides these.
+MEASURED_RECIPE = ["algo.original_goals=false", "algo.entropy_coef=0", "algo.entropy_weighting=surrogate"]
+
 
 def measure(mode: str, n_episodes: int, repeats: int, overrides: list[str]) -> dict:
     from her_mpi.cnn import ImageGoalInput
@@ -38,7 +43,7 @@ def measure(mode: str, n_episodes: int, repeats: int, overrides: list[str]) -> d
     if mode == "dense":  # every row carries its own copy of the frame, as before FrameRows
         ImageGoalInput.rows = lambda self, frames, index, goals: self(frames[index], goals)
     torch.manual_seed(0)
-    config = load_config("ms_pacman_goal_htrpo", overrides)
+    config = load_config("ms_pacman_goal_htrpo", MEASURED_RECIPE + overrides)
     env = make_env(config.env, seed=0)
     agent = build_agent(config, env_spec(env, config.env.id), env, np.random.SeedSequence(0))
     worker = RolloutWorker(config.env, n_episodes, np.random.SeedSequence(1))
