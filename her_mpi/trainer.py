@@ -350,8 +350,10 @@ class Trainer:
             local["test_return"] = float(test.rewards.sum(axis=1).mean())
             local["test_episodes"] = float(len(test) * self.size)
         metrics = [m for m in progress.metrics if m]
-        for key in metrics[0] if metrics else ():
-            local[key] = float(np.mean([m[key] for m in metrics]))
+        # every key any cycle reported: cycles restored from a checkpoint written by older code
+        # may lack a metric the resumed code adds
+        for key in dict.fromkeys(key for m in metrics for key in m):
+            local[key] = float(np.mean([m[key] for m in metrics if key in m]))
         row = mpi.mean_over_ranks(local)
         row.setdefault("test_success_rate", float("nan"))
         steps = np.array([self.env_steps_per_rank - self.resumed_env_steps_per_rank,

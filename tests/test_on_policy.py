@@ -170,6 +170,24 @@ def test_htrpo_weights_are_the_papers_trajectory_normalised_sum():
     assert divergence == pytest.approx((1 - 0.9) * 0.5 * 0.1 ** 2 * expected.sum(), rel=1e-5)
 
 
+def test_effective_sample_size_is_the_row_count_for_equal_weights_and_less_when_they_spread():
+    from her_mpi.algos.htrpo import effective_sample_size
+
+    assert effective_sample_size(torch.full((18,), 0.5)) == pytest.approx(18)
+    assert effective_sample_size(torch.tensor([1.0, 1.0, 2.0])) == pytest.approx(16 / 6)
+    assert effective_sample_size(torch.zeros(3)) == 0.0
+
+
+@pytest.mark.parametrize("algo", ["htrpo", "hpg"])
+def test_hindsight_learning_reports_the_effective_sample_size(algo):
+    agent, _ = predator_prey_agent(algo)
+    ag = np.array([[[0.0], [1.0], [2.0], [3.0]], [[0.0], [-1.0], [-2.0], [-3.0]]], np.float32)
+    episodes = predator_prey_episodes(ag, 9.0)
+    episodes.actions[:] = np.random.default_rng(0).normal(size=episodes.actions.shape)
+    metrics = agent.learn(episodes)
+    assert 1.0 <= metrics["ess"] <= metrics["rows"]
+
+
 @pytest.mark.parametrize("algo", ["htrpo", "hpg"])
 @pytest.mark.parametrize("weighting", ["surrogate", "uniform"])
 def test_entropy_bonus_adds_each_rows_weighted_entropy_to_the_objective(algo, weighting):

@@ -6,6 +6,7 @@ stream, counters and the progress rows (timing columns aside)."""
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -158,11 +159,21 @@ def test_on_policy_resume_is_exact_after_a_mid_epoch_stop(tmp_path):
     assert result.returncode == EXIT_PREEMPTED, describe(result)
     state = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)
     assert (state["epoch"], state["cycle"]) == (0, 1)
+    older = tmp_path / "older"  # the same stop, as written by code that did not report "ess" yet
+    shutil.copytree(run_dir, older)
+    for rank_state in state["ranks"]:
+        for cycle_metrics in rank_state["progress"]["metrics"]:
+            del cycle_metrics["ess"]
+    torch.save(state, older / "checkpoints" / "latest.pt")
     result = run_mpi(2, ["-m", "her_mpi.train", "--resume", run_dir])
     assert result.returncode == 0, describe(result)
     digest = assert_same_run(reference, run_dir)
     assert any(k.startswith("agent/nets/policy") for k in digest)
     assert any(k.startswith("agent/optimizers/value") for k in digest)
+    # a metric that the cycles restored from the checkpoint lack still reaches that epoch's row
+    result = run_mpi(2, ["-m", "her_mpi.train", "--resume", older])
+    assert result.returncode == 0, describe(result)
+    assert all(row["ess"] not in ("", "nan") for row in read_progress(older))
 
 
 def wait_for(predicate, timeout: float, what: str):
