@@ -179,12 +179,16 @@ def test_effective_sample_size_is_the_row_count_for_equal_weights_and_less_when_
 
 
 @pytest.mark.parametrize("algo", ["htrpo", "hpg"])
-def test_hindsight_learning_reports_the_effective_sample_size(algo):
+def test_hindsight_learning_reports_the_effective_sample_size_and_the_copies_that_reach_their_goal(algo):
     agent, _ = predator_prey_agent(algo)
     ag = np.array([[[0.0], [1.0], [2.0], [3.0]], [[0.0], [-1.0], [-2.0], [-3.0]]], np.float32)
     episodes = predator_prey_episodes(ag, 9.0)
     episodes.actions[:] = np.random.default_rng(0).normal(size=episodes.actions.shape)
+    # goal 2: episode 0 reaches it after its second step; goal -3: episode 1 after its third; the
+    # other two copies and the original goal 9 are never reached
+    agent.select_goals = lambda _: np.array([[2.0], [-3.0]], np.float32)
     metrics = agent.learn(episodes)
+    assert metrics["copies_reached"] == 2
     assert 1.0 <= metrics["ess"] <= metrics["rows"]
 
 

@@ -318,7 +318,9 @@ class HindsightAgent(OnPolicyAgent):
             metrics["critic_loss"] = self.fit_value(batch["x"], targets, p.critic_iters, p.critic_batch_size)
         with torch.no_grad():
             entropy = float(self.policy_net.entropy(batch["x"][:1024]).mean())
-        metrics.update(n_goals=float(len(goals)), rows=float(n_rows), entropy=entropy,
+        # how many relabelled copies carry a reward (the sparse signal), and how many rows carry the estimate
+        reached = global_sum(float(data.terminal.any(axis=1).sum()))[0]  # dropped copies have none
+        metrics.update(n_goals=float(len(goals)), rows=float(n_rows), entropy=entropy, copies_reached=reached,
                        ess=effective_sample_size(batch["hindsight_weights"]))
         self.n_iterations += 1
         return metrics
