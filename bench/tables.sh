@@ -28,6 +28,7 @@
 #     bench/tables.sh predator_prey   # PPO-HER vs PPO on the 12 predator-prey conditions, 2 seeds (issue 13)
 #     bench/tables.sh predator_prey_sac  # SAC+HER vs SAC on the same conditions (~1 h per run at np=2)
 #     CONDITIONS="D3_S10_R1.0" bench/tables.sh predator_prey_sac  # ... on some conditions only
+#     RECIPES=predator_prey_sac_her SEEDS=0 bench/tables.sh predator_prey_sac  # ... one recipe, one seed
 #
 # Seeds go in the outer loop, so every recipe has its first seed before any has its third: a table
 # stopped early still compares all its rows. Set SWEEP_TREE to run from a frozen copy of the code
@@ -160,9 +161,11 @@ bitflip_dqn)  # issue 13: the HER paper's bit-flipping rows, 3 seeds
     done ;;
 predator_prey|predator_prey_sac)  # issue 13: seed 003's 12 conditions, interception distance x arena
     # size x dimensions, equal env steps (the recipes' 256k budget); one sweep directory per condition
-    if [ "$1" = predator_prey ]; then recipes=(--config predator_prey_ppo_her --config predator_prey_ppo)
-    else recipes=(--config predator_prey_sac_her --config predator_prey_sac); fi
-    for seed in 0 1; do
+    if [ "$1" = predator_prey ]; then names=(predator_prey_ppo_her predator_prey_ppo)
+    else names=(predator_prey_sac_her predator_prey_sac); fi
+    # RECIPES (space-separated recipe names, default both of the table's) and SEEDS (default "0 1") pick a subset
+    recipes=(); for name in ${RECIPES:-${names[*]}}; do recipes+=(--config "$name"); done
+    for seed in ${SEEDS:-0 1}; do
         for radius in 1.0 0.5; do for size in 10 20; do for dims in 2 3 4; do
             # CONDITIONS (space-separated D{dims}_S{size}_R{radius} names, default all) picks a subset
             case " ${CONDITIONS:-D${dims}_S${size}_R${radius}} " in *" D${dims}_S${size}_R${radius} "*) ;; *) continue ;; esac
