@@ -26,7 +26,7 @@
 #     bench/tables.sh htrpo_reach_entropy  # FetchReachDiscrete paper recipe with/without the authors' entropy bonus, held-out seeds
 #     bench/tables.sh bitflip_dqn     # Double DQN + HER on 30, 40 and 50 bits, the recipes' budgets (issue 13)
 #     bench/tables.sh predator_prey   # PPO-HER vs PPO on the 12 predator-prey conditions, 2 seeds (issue 13)
-#     bench/tables.sh predator_prey_sac  # SAC+HER vs SAC on the same conditions (~1 h per run at np=2)
+#     bench/tables.sh predator_prey_sac  # SAC+HER vs SAC on the same conditions (~16-22 min per run at np=2, quiet)
 #     CONDITIONS="D3_S10_R1.0" bench/tables.sh predator_prey_sac  # ... on some conditions only
 #     RECIPES=predator_prey_sac_her SEEDS=0 bench/tables.sh predator_prey_sac  # ... one recipe, one seed
 #
