@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -32,6 +33,15 @@ from her_mpi.plot import find_runs  # noqa: E402
 
 ALGORITHMS = {"predator_prey_ppo_her": "PPO-HER", "predator_prey_ppo": "PPO",
               "predator_prey_sac_her": "SAC+HER", "predator_prey_sac": "SAC"}
+SHIFTED = "PPO-HER shifted goals"  # algo.shift_goals: hindsight copies that keep the prey's motion
+LABELS = [ALGORITHMS["predator_prey_ppo_her"], SHIFTED, *list(ALGORITHMS.values())[1:]]
+
+
+def label(run) -> str | None:
+    algo = ALGORITHMS.get((run.name or "").split(" ")[0])
+    if algo == "PPO-HER" and run.config["algo"].get("shift_goals"):
+        return SHIFTED
+    return algo
 
 
 def condition(config: dict) -> tuple[float, int, float]:
@@ -42,7 +52,7 @@ def condition(config: dict) -> tuple[float, int, float]:
 def summarise(runs) -> dict:
     cells: dict[tuple, dict[str, list]] = {}
     for run in runs:
-        algo = ALGORITHMS.get((run.name or "").split(" ")[0])
+        algo = label(run)
         if algo is None:
             continue
         cells.setdefault(condition(run.config), {}).setdefault(algo, []).append(run)
@@ -60,7 +70,7 @@ def summarise(runs) -> dict:
                 "per_seed": {str(r.seed): f for r, f in zip(algo_runs, finals)},
                 "env_steps": int(np.median([r.column("env_steps")[-1] for r in algo_runs])),
                 "median_wall_clock_s": float(np.median([r.column("time_s")[-1] for r in algo_runs])),
-                "runs": [str(r.path.relative_to(RESULTS.parent.parent)) for r in algo_runs],
+                "runs": [os.path.relpath(r.path.resolve(), RESULTS.parent.parent) for r in algo_runs],
             }
         medians = {a: v["median_final_success"] for a, v in row["algorithms"].items()}
         best = max(medians.values())
@@ -130,6 +140,8 @@ def main() -> int:
     parser.add_argument("sweep", type=Path, help="the sweep directory (bench/tables.sh predator_prey writes "
                                                  "runs/sweeps/predator_prey)")
     parser.add_argument("--name", default="predator_prey_12", help="bench/results/<name>.{md,json,png}")
+    parser.add_argument("--with", dest="beside", type=Path, action="append", default=[],
+                        help="also tabulate the runs kept in this directory (e.g. bench/results/runs/predator_prey_12)")
     args = parser.parse_args()
     if not args.sweep.is_dir():
         parser.error(f"sweep directory {str(args.sweep)!r} does not exist")
@@ -139,8 +151,11 @@ def main() -> int:
     copied = copy_runs(args.sweep, destination, finished_only=True)
     if not copied and not destination.is_dir():
         parser.error(f"no finished runs under {str(args.sweep)!r}")
-    summary = summarise(find_runs([destination]))
-    algorithms = [a for a in ALGORITHMS.values() if any(a in r["algorithms"] for r in summary["conditions"])]
+    for directory in args.beside:
+        if not directory.is_dir():
+            parser.error(f"--with directory {str(directory)!r} does not exist")
+    summary = summarise(find_runs([destination, *args.beside]))
+    algorithms = [a for a in LABELS if any(a in r["algorithms"] for r in summary["conditions"])]
     table = markdown(summary, algorithms)
     print(table, end="")
     (RESULTS / f"{args.name}.md").write_text(table)

@@ -27,6 +27,7 @@
 #     bench/tables.sh bitflip_dqn     # Double DQN + HER on 30, 40 and 50 bits, the recipes' budgets (issue 13)
 #     bench/tables.sh predator_prey   # PPO-HER vs PPO on the 12 predator-prey conditions, 2 seeds (issue 13)
 #     bench/tables.sh predator_prey_sac  # SAC+HER vs SAC on the same conditions (~16-22 min per run at np=2, quiet)
+#     bench/tables.sh predator_prey_shift  # PPO-HER with hindsight copies that keep the prey's motion (algo.shift_goals)
 #     bench/tables.sh predator_prey_static  # PPO-HER and PPO with a static prey (2-D, arena 10), 2 seeds: the early-peak control
 #     CONDITIONS="D3_S10_R1.0" bench/tables.sh predator_prey_sac  # ... on some conditions only
 #     RECIPES=predator_prey_sac_her SEEDS=0 bench/tables.sh predator_prey_sac  # ... one recipe, one seed
@@ -47,6 +48,18 @@ cap=(); if [ -n "${EPOCHS:-}" ]; then cap=(--set "train.n_epochs=$EPOCHS"); fi
 sweep() {  # sweep TABLE ARGS...: one her_mpi.sweep into OUT/TABLE
     local table=$1; shift
     (cd "$TREE" && PYTHONPATH="$TREE:$TREE/export" python -m her_mpi.sweep --np 2 --out "$OUT/$table" "$@")
+}
+
+condition_sweeps() {  # condition_sweeps TABLE ARGS...: the 12 predator-prey conditions (or CONDITIONS), SEEDS
+    local table=$1; shift
+    for seed in ${SEEDS:-0 1}; do
+        for radius in 1.0 0.5; do for size in 10 20; do for dims in 2 3 4; do
+            # CONDITIONS (space-separated D{dims}_S{size}_R{radius} names, default all) picks a subset
+            case " ${CONDITIONS:-D${dims}_S${size}_R${radius}} " in *" D${dims}_S${size}_R${radius} "*) ;; *) continue ;; esac
+            sweep "$table/D${dims}_S${size}_R${radius}" "$@" --seeds "$seed" \
+                --set "env.kwargs={dims: $dims, arena_size: $size.0, interception_distance: $radius, prey_mode: random_direction}"
+        done; done; done
+    done
 }
 
 # The issue-12 screening tables (push_ablation, push_levers, push_mrl*) and push_td3_diag ran TD3 with its
@@ -166,19 +179,15 @@ predator_prey|predator_prey_sac)  # issue 13: seed 003's 12 conditions, intercep
     else names=(predator_prey_sac_her predator_prey_sac); fi
     # RECIPES (space-separated recipe names, default both of the table's) and SEEDS (default "0 1") pick a subset
     recipes=(); for name in ${RECIPES:-${names[*]}}; do recipes+=(--config "$name"); done
-    for seed in ${SEEDS:-0 1}; do
-        for radius in 1.0 0.5; do for size in 10 20; do for dims in 2 3 4; do
-            # CONDITIONS (space-separated D{dims}_S{size}_R{radius} names, default all) picks a subset
-            case " ${CONDITIONS:-D${dims}_S${size}_R${radius}} " in *" D${dims}_S${size}_R${radius} "*) ;; *) continue ;; esac
-            sweep "predator_prey/D${dims}_S${size}_R${radius}" "${recipes[@]}" --seeds "$seed" \
-                --set "env.kwargs={dims: $dims, arena_size: $size.0, interception_distance: $radius, prey_mode: random_direction}"
-        done; done; done
-    done ;;
+    condition_sweeps predator_prey "${recipes[@]}" ;;
+predator_prey_shift)  # PPO-HER whose hindsight copies keep the prey's motion (algo.shift_goals): is the
+    # decline after its early peak the `final` copies' standing goal? Same conditions, seeds and budget
+    condition_sweeps predator_prey_shift --config predator_prey_ppo_her --set algo.shift_goals=true ;;
 predator_prey_static)  # control for PPO-HER's early peak on a moving prey: the same 2-D arena-10 condition
     # with a prey that stands still, where the `final` hindsight copies match what the agent sees
     sweep predator_prey_static/D2_S10_R1.0 --config predator_prey_ppo_her --config predator_prey_ppo --seeds 0-1 \
         --set "env.kwargs={dims: 2, arena_size: 10.0, interception_distance: 1.0, prey_mode: static}" ;;
 *)
-    echo "usage: bench/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|push_td3_diag|push_sac_diag|other_tasks|htrpo_discrete|htrpo_reach_discrete|htrpo_reach_entropy|htrpo_push_discrete|htrpo_push|ms_pacman|htrpo_reach_fast|htrpo_bits|htrpo_bits32|bitflip_dqn|predator_prey|predator_prey_sac|predator_prey_static" >&2
+    echo "usage: bench/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|push_td3_diag|push_sac_diag|other_tasks|htrpo_discrete|htrpo_reach_discrete|htrpo_reach_entropy|htrpo_push_discrete|htrpo_push|ms_pacman|htrpo_reach_fast|htrpo_bits|htrpo_bits32|bitflip_dqn|predator_prey|predator_prey_sac|predator_prey_shift|predator_prey_static" >&2
     exit 2 ;;
 esac

@@ -426,6 +426,46 @@ def test_ppo_steps_while_the_kl_is_below_the_target():
     assert metrics["minibatch_steps"] >= 1
 
 
+def moving_prey_episode() -> Episodes:
+    """One 1-D episode of 4 steps: the predator moves +1 per step from 0, the prey flees at +0.5 from 6."""
+    ag = np.array([[[0.0], [1.0], [2.0], [3.0], [4.0]]], np.float32)
+    episodes = predator_prey_episodes(ag, 0.0)
+    episodes.g = np.array([[[6.0], [6.5], [7.0], [7.5], [8.0]]], np.float32)
+    episodes.obs[..., 1] = 0.5  # the prey's velocity, as the observation reports it
+    return episodes
+
+
+def test_ppo_final_copies_hold_the_last_achieved_goal_still():
+    agent, _ = predator_prey_agent("ppo")
+    source, goals = agent.hindsight_goals(moving_prey_episode())
+    np.testing.assert_array_equal(source, [0])
+    np.testing.assert_array_equal(goals[0, :, 0], [4.0] * 5)
+
+
+def test_ppo_shifted_copies_keep_the_goals_motion_and_reach_it_at_the_chosen_step():
+    agent, _ = predator_prey_agent("ppo", "algo.shift_goals=true")
+    episodes = moving_prey_episode()
+    _, goals = agent.hindsight_goals(episodes)
+    # the prey's trajectory moved back by 4 (8 -> 4): still +0.5 per step, as the observation says
+    np.testing.assert_array_equal(goals[0, :, 0], [2.0, 2.5, 3.0, 3.5, 4.0])
+    data = relabel(episodes, np.zeros(1, int), goals, agent.goal_fns.success)
+    assert data.length[0] == 3 and data.terminal[0, 2]  # caught one step early: 3 is within 0.5 of 3.5
+    episodes.g[:] = 6.0  # a prey that stands still: shifted copies are the final ones
+    _, still = agent.hindsight_goals(episodes)
+    np.testing.assert_array_equal(still[0, :, 0], [4.0] * 5)
+
+
+def test_ppo_shifted_future_copies_pass_through_the_achieved_goal_of_their_step():
+    agent, _ = predator_prey_agent("ppo", "algo.shift_goals=true", "algo.strategy=future", "algo.replay_k=8")
+    episodes = moving_prey_episode()
+    source, goals = agent.hindsight_goals(episodes)
+    assert len(source) == 8
+    for copy in range(8):  # the prey's trajectory moved by a constant, meeting the predator at one step >= 1
+        assert np.ptp(goals[copy, :, 0] - episodes.g[0, :, 0]) == 0
+        meets = np.flatnonzero(episodes.ag[0, :, 0] == goals[copy, :, 0])
+        assert len(meets) == 1 and meets[0] >= 1
+
+
 def test_normalizer_updates_preserve_the_on_policy_networks_functions():
     agent, config = predator_prey_agent("htrpo", dims=2)
     episodes, _ = collect(agent, config)

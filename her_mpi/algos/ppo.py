@@ -4,6 +4,10 @@ After each batch of episodes, every episode is copied with a goal it achieved (`
 last achieved goal; ``future``: the achieved goal after a uniformly random step; ``episode``:
 the same but the start state's counts too), each copy ending at its first success with rewards
 recomputed by the env's own reward function (plus the time-out reward where time ran out).
+With ``shift_goals`` a copy's goal is not that achieved goal held still but the episode's goal
+trajectory translated to pass through it at its step: for a moving goal (predator-prey's prey) the
+copy's goal then moves as the velocity in the observation says; for a goal that stands still the
+two are the same.
 Values and log-probabilities are recomputed with the current policy for every copy with the
 actions kept (so the ratio starts at 1; no importance correction, as in the paper), advantages
 are GAE, and the usual clipped PPO update runs on originals and copies together.
@@ -52,6 +56,9 @@ class PPOParams(OnPolicyParams):
         "final", "hindsight goal of each copy: final (the episode's last achieved goal), future (after a random step) "
                  "or episode (at a random step)")
     replay_k: int = setting(1, "hindsight copies per episode (future, episode; final makes exactly one)")
+    shift_goals: bool = setting(
+        False, "a copy's goal is the episode's goal trajectory translated to pass through the chosen achieved goal "
+               "at its step (keeps a moving goal's motion; the same as holding that achieved goal for a static goal)")
 
     def validate(self, path: str) -> None:
         super().validate(path)
@@ -72,7 +79,7 @@ class PPOParams(OnPolicyParams):
     def unused_keys(self, config) -> dict[str, Unused]:
         unused = super().unused_keys(config)
         if not self.hindsight:  # plain PPO, often an ablation of a PPO-HER recipe: warned, not refused
-            for name in ("strategy", "replay_k"):
+            for name in ("strategy", "replay_k", "shift_goals"):
                 unused[f"algo.{name}"] = Unused("it makes hindsight copies, and algo.hindsight is false", refuse=False)
         return unused
 
@@ -90,8 +97,8 @@ class PPO(OnPolicyAgent):
         return {**super().optimizers(), "policy": self.policy_optimizer}
 
     def hindsight_goals(self, episodes: Episodes) -> tuple[np.ndarray, np.ndarray]:
-        """(source episode, goal) of each hindsight copy."""
-        p, n = self.params, len(episodes)
+        """(source episode, goal sequence [copies, T+1, goal_dim]) of each hindsight copy."""
+        p, n, T = self.params, len(episodes), episodes.actions.shape[1]
         lengths = episodes.lengths
         if p.strategy == "final":
             source, index = np.arange(n), lengths
@@ -99,7 +106,10 @@ class PPO(OnPolicyAgent):
             source = np.repeat(np.arange(n), p.replay_k)
             first = 1 if p.strategy == "future" else 0
             index = first + (self.rng.random(len(source)) * (lengths[source] + 1 - first)).astype(np.int64)
-        return source, episodes.ag[source, index]
+        achieved = episodes.ag[source, index]
+        if p.shift_goals:
+            return source, episodes.g[source] + (achieved - episodes.g[source, index])[:, None, :]
+        return source, np.repeat(achieved[:, None, :], T + 1, axis=1)
 
     def rewards(self, episodes: Episodes, data: Relabelled) -> np.ndarray:
         copy, t = data.rows
@@ -114,7 +124,7 @@ class PPO(OnPolicyAgent):
         if p.hindsight:
             extra_source, extra_goals = self.hindsight_goals(episodes)
             source = np.concatenate([source, extra_source])
-            goals = np.concatenate([goals, np.repeat(extra_goals[:, None, :], T + 1, axis=1)])
+            goals = np.concatenate([goals, extra_goals])
         data = relabel(episodes, source, goals, self.goal_fns.success)
         batch = self.row_tensors(episodes, data)
         with torch.no_grad():  # log-probs and values of the kept actions under each copy's goal
