@@ -119,7 +119,7 @@ class PPO(OnPolicyAgent):
         return (rewards + np.where(timed_out[copy] & last, self.goal_fns.timeout_reward, 0.0)).astype(np.float32)
 
     def learn(self, episodes: Episodes) -> dict[str, float]:
-        p, n, T = self.params, len(episodes), episodes.actions.shape[1]
+        p, n = self.params, len(episodes)
         source, goals = np.arange(n), episodes.g
         if p.hindsight:
             extra_source, extra_goals = self.hindsight_goals(episodes)
