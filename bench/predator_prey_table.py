@@ -31,9 +31,9 @@ from common import machine  # noqa: E402
 
 from her_mpi.plot import find_runs  # noqa: E402
 
-ALGORITHMS = {"predator_prey_ppo_her": "PPO-HER", "predator_prey_ppo": "PPO",
-              "predator_prey_sac_her": "SAC+HER", "predator_prey_sac": "SAC"}
 SHIFTED = "PPO-HER shifted goals"  # algo.shift_goals: hindsight copies that keep the prey's motion
+ALGORITHMS = {"predator_prey_ppo_her": "PPO-HER", "predator_prey_ppo_her_shift": SHIFTED, "predator_prey_ppo": "PPO",
+              "predator_prey_sac_her": "SAC+HER", "predator_prey_sac": "SAC"}
 LABELS = ["PPO-HER", SHIFTED, "PPO", "SAC+HER", "SAC"]  # the table's column order
 
 

@@ -27,7 +27,7 @@
 #     bench/tables.sh bitflip_dqn     # Double DQN + HER on 30, 40 and 50 bits, the recipes' budgets (issue 13)
 #     bench/tables.sh predator_prey   # PPO-HER vs PPO on the 12 predator-prey conditions, 2 seeds (issue 13)
 #     bench/tables.sh predator_prey_sac  # SAC+HER vs SAC on the same conditions (~16-22 min per run at np=2, quiet)
-#     bench/tables.sh predator_prey_shift  # PPO-HER with hindsight copies that keep the prey's motion (algo.shift_goals)
+#     bench/tables.sh predator_prey_shift  # PPO-HER with hindsight copies that keep the prey's motion: screen (seeds 0-1), then its recipe on seeds 2-3
 #     bench/tables.sh predator_prey_static  # PPO-HER and PPO with a static prey (2-D, arena 10), 2 seeds: the early-peak control
 #     CONDITIONS="D3_S10_R1.0" bench/tables.sh predator_prey_sac  # ... on some conditions only
 #     RECIPES=predator_prey_sac_her SEEDS=0 bench/tables.sh predator_prey_sac  # ... one recipe, one seed
@@ -181,8 +181,10 @@ predator_prey|predator_prey_sac)  # issue 13: seed 003's 12 conditions, intercep
     recipes=(); for name in ${RECIPES:-${names[*]}}; do recipes+=(--config "$name"); done
     condition_sweeps predator_prey "${recipes[@]}" ;;
 predator_prey_shift)  # PPO-HER whose hindsight copies keep the prey's motion (algo.shift_goals): is the
-    # decline after its early peak the `final` copies' standing goal? Same conditions, seeds and budget
-    condition_sweeps predator_prey_shift --config predator_prey_ppo_her --set algo.shift_goals=true ;;
+    # decline after its early peak the `final` copies' standing goal? Same conditions and budget; the
+    # screen ran seeds 0-1 as an override, then the recipe it became ran on seeds it was not chosen on
+    condition_sweeps predator_prey_shift --config predator_prey_ppo_her --set algo.shift_goals=true
+    SEEDS="${SEEDS_HELD_OUT:-2 3}" condition_sweeps predator_prey_shift --config predator_prey_ppo_her_shift ;;
 predator_prey_static)  # control for PPO-HER's early peak on a moving prey: the same 2-D arena-10 condition
     # with a prey that stands still, where the `final` hindsight copies match what the agent sees
     sweep predator_prey_static/D2_S10_R1.0 --config predator_prey_ppo_her --config predator_prey_ppo --seeds 0-1 \
