@@ -32,15 +32,16 @@ from common import machine  # noqa: E402
 from her_mpi.plot import find_runs  # noqa: E402
 
 SHIFTED = "PPO-HER shifted goals"  # algo.shift_goals: hindsight copies that keep the prey's motion
+CLIPPED = "PPO-HER shifted, clipped"  # ... and algo.clip_shifted_goals: those goals held inside the arena
 ALGORITHMS = {"predator_prey_ppo_her": "PPO-HER", "predator_prey_ppo_her_shift": SHIFTED, "predator_prey_ppo": "PPO",
               "predator_prey_sac_her": "SAC+HER", "predator_prey_sac": "SAC"}
-LABELS = ["PPO-HER", SHIFTED, "PPO", "SAC+HER", "SAC"]  # the table's column order
+LABELS = ["PPO-HER", SHIFTED, CLIPPED, "PPO", "SAC+HER", "SAC"]  # the table's column order
 
 
 def label(run) -> str | None:
     algo = ALGORITHMS.get((run.name or "").split(" ")[0])
-    if algo == "PPO-HER" and run.config["algo"].get("shift_goals"):
-        return SHIFTED
+    if algo in ("PPO-HER", SHIFTED) and run.config["algo"].get("shift_goals"):
+        return CLIPPED if run.config["algo"].get("clip_shifted_goals") else SHIFTED
     return algo
 
 

@@ -28,6 +28,7 @@
 #     bench/tables.sh predator_prey   # PPO-HER vs PPO on the 12 predator-prey conditions, 2 seeds (issue 13)
 #     bench/tables.sh predator_prey_sac  # SAC+HER vs SAC on the same conditions (~16-22 min per run at np=2, quiet)
 #     bench/tables.sh predator_prey_shift  # PPO-HER with hindsight copies that keep the prey's motion: screen (seeds 0-1), then its recipe on seeds 2-3
+#     bench/tables.sh predator_prey_shift_clip  # ... with those goals clipped to the arena: screen, seeds 0-1
 #     bench/tables.sh predator_prey_static  # PPO-HER and PPO with a static prey (2-D, arena 10), 2 seeds: the early-peak control
 #     CONDITIONS="D3_S10_R1.0" bench/tables.sh predator_prey_sac  # ... on some conditions only
 #     RECIPES=predator_prey_sac_her SEEDS=0 bench/tables.sh predator_prey_sac  # ... one recipe, one seed
@@ -185,11 +186,14 @@ predator_prey_shift)  # PPO-HER whose hindsight copies keep the prey's motion (a
     # screen ran seeds 0-1 as an override, then the recipe it became ran on seeds it was not chosen on
     condition_sweeps predator_prey_shift --config predator_prey_ppo_her --set algo.shift_goals=true
     SEEDS="${SEEDS_HELD_OUT:-2 3}" condition_sweeps predator_prey_shift --config predator_prey_ppo_her_shift ;;
+predator_prey_shift_clip)  # the shifted copies' goals clipped to the arena as the env clips its prey
+    # (a translated trajectory can leave it): a screen on seeds 0-1 against predator_prey_shift's
+    condition_sweeps predator_prey_shift_clip --config predator_prey_ppo_her_shift --set algo.clip_shifted_goals=true ;;
 predator_prey_static)  # control for PPO-HER's early peak on a moving prey: the same 2-D arena-10 condition
     # with a prey that stands still, where the `final` hindsight copies match what the agent sees
     sweep predator_prey_static/D2_S10_R1.0 --config predator_prey_ppo_her --config predator_prey_ppo --seeds 0-1 \
         --set "env.kwargs={dims: 2, arena_size: 10.0, interception_distance: 1.0, prey_mode: static}" ;;
 *)
-    echo "usage: bench/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|push_td3_diag|push_sac_diag|other_tasks|htrpo_discrete|htrpo_reach_discrete|htrpo_reach_entropy|htrpo_push_discrete|htrpo_push|ms_pacman|htrpo_reach_fast|htrpo_bits|htrpo_bits32|bitflip_dqn|predator_prey|predator_prey_sac|predator_prey_shift|predator_prey_static" >&2
+    echo "usage: bench/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|push_td3_diag|push_sac_diag|other_tasks|htrpo_discrete|htrpo_reach_discrete|htrpo_reach_entropy|htrpo_push_discrete|htrpo_push|ms_pacman|htrpo_reach_fast|htrpo_bits|htrpo_bits32|bitflip_dqn|predator_prey|predator_prey_sac|predator_prey_shift|predator_prey_shift_clip|predator_prey_static" >&2
     exit 2 ;;
 esac

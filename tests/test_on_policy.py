@@ -12,6 +12,7 @@ from her_mpi.algos.on_policy import gae, relabel
 from her_mpi.algos.policies import CategoricalPolicy, GaussianPolicy
 from her_mpi.envs.predator_prey import PredatorPreyEnv
 from her_mpi.rollout import Episodes
+from her_mpi.settings import ConfigError
 
 
 def test_qkl_is_half_the_mean_squared_log_ratio_on_known_gaussians():
@@ -453,6 +454,28 @@ def test_ppo_shifted_copies_keep_the_goals_motion_and_reach_it_at_the_chosen_ste
     episodes.g[:] = 6.0  # a prey that stands still: shifted copies are the final ones
     _, still = agent.hindsight_goals(episodes)
     np.testing.assert_array_equal(still[0, :, 0], [4.0] * 5)
+
+
+def test_ppo_clipped_shifted_copies_stay_in_the_arena_and_still_reach_the_achieved_goal():
+    agent, _ = predator_prey_agent("ppo", "algo.shift_goals=true", "algo.clip_shifted_goals=true")
+    episodes = moving_prey_episode()
+    episodes.ag[0, :, 0] = [-7.0, -8.0, -9.0, -10.0, -10.0]  # the predator ends at the arena's wall (size 10)
+    _, goals = agent.hindsight_goals(episodes)
+    # translated by -18 the prey's trajectory would start at -12, outside; the env would hold it at the wall
+    np.testing.assert_array_equal(goals[0, :, 0], [-10.0] * 5)
+    agent.params.clip_shifted_goals = False
+    _, unclipped = agent.hindsight_goals(episodes)
+    np.testing.assert_array_equal(unclipped[0, :, 0], [-12.0, -11.5, -11.0, -10.5, -10.0])
+
+
+def test_ppo_clipping_shifted_goals_needs_a_bounded_goal_space():
+    import dataclasses
+
+    from her_mpi.trainer import build_agent
+    agent, config = predator_prey_agent("ppo", "algo.shift_goals=true", "algo.clip_shifted_goals=true")
+    unbounded = dataclasses.replace(agent.spec, goal_low=(), goal_high=())
+    with pytest.raises(ConfigError, match="clip_shifted_goals = true on PredatorPrey-v0"):
+        build_agent(config, unbounded, None, np.random.SeedSequence(0))
 
 
 def test_ppo_shifted_future_copies_pass_through_the_achieved_goal_of_their_step():

@@ -7,7 +7,8 @@ recomputed by the env's own reward function (plus the time-out reward where time
 With ``shift_goals`` a copy's goal is not that achieved goal held still but the episode's goal
 trajectory translated to pass through it at its step: for a moving goal (predator-prey's prey) the
 copy's goal then moves as the velocity in the observation says; for a goal that stands still the
-two are the same.
+two are the same. ``clip_shifted_goals`` clips that trajectory to the goal space's bounds, as the
+env clips its prey to the arena (a translated trajectory can leave the arena on other steps).
 Values and log-probabilities are recomputed with the current policy for every copy with the
 actions kept (so the ratio starts at 1; no importance correction, as in the paper), advantages
 are GAE, and the usual clipped PPO update runs on originals and copies together.
@@ -33,7 +34,7 @@ import torch
 
 from her_mpi import mpi
 from her_mpi.algos.on_policy import OnPolicyAgent, OnPolicyParams, Relabelled, gae, global_sum, relabel
-from her_mpi.settings import Unused, check, setting
+from her_mpi.settings import ConfigError, Unused, check, setting
 from her_mpi.optim import SyncedAdam
 from her_mpi.rollout import Episodes
 
@@ -59,6 +60,9 @@ class PPOParams(OnPolicyParams):
     shift_goals: bool = setting(
         False, "a copy's goal is the episode's goal trajectory translated to pass through the chosen achieved goal "
                "at its step (keeps a moving goal's motion; the same as holding that achieved goal for a static goal)")
+    clip_shifted_goals: bool = setting(
+        False, "clip shifted goal trajectories to the env's goal-space bounds (predator-prey: the arena, where "
+               "the env clips its prey)")
 
     def validate(self, path: str) -> None:
         super().validate(path)
@@ -79,8 +83,10 @@ class PPOParams(OnPolicyParams):
     def unused_keys(self, config) -> dict[str, Unused]:
         unused = super().unused_keys(config)
         if not self.hindsight:  # plain PPO, often an ablation of a PPO-HER recipe: warned, not refused
-            for name in ("strategy", "replay_k", "shift_goals"):
+            for name in ("strategy", "replay_k", "shift_goals", "clip_shifted_goals"):
                 unused[f"algo.{name}"] = Unused("it makes hindsight copies, and algo.hindsight is false", refuse=False)
+        elif not self.shift_goals:
+            unused["algo.clip_shifted_goals"] = Unused("it clips shifted goals, and algo.shift_goals is false")
         return unused
 
 
@@ -92,6 +98,9 @@ class PPO(OnPolicyAgent):
         super().__init__(spec, config, goal_fns, seed_sequence)
         self.policy_optimizer = SyncedAdam(self.policy_net, self.params.lr_actor, self.params.max_grad_norm)
         self.value_optimizer.max_grad_norm = self.params.max_grad_norm
+        if self.params.clip_shifted_goals and self.params.shift_goals and not spec.goal_low:
+            raise ConfigError(f"algo.clip_shifted_goals = true on {spec.env_id}: its goal space has no finite "
+                              f"bounds to clip to; expected false for this env")
 
     def optimizers(self) -> dict:
         return {**super().optimizers(), "policy": self.policy_optimizer}
@@ -108,7 +117,11 @@ class PPO(OnPolicyAgent):
             index = first + (self.rng.random(len(source)) * (lengths[source] + 1 - first)).astype(np.int64)
         achieved = episodes.ag[source, index]
         if p.shift_goals:
-            return source, episodes.g[source] + (achieved - episodes.g[source, index])[:, None, :]
+            shifted = episodes.g[source] + (achieved - episodes.g[source, index])[:, None, :]
+            if p.clip_shifted_goals:  # the achieved goal is inside, so the copy still passes through it
+                shifted = np.clip(shifted, np.asarray(self.spec.goal_low, np.float32),
+                                  np.asarray(self.spec.goal_high, np.float32))
+            return source, shifted
         return source, np.repeat(achieved[:, None, :], T + 1, axis=1)
 
     def rewards(self, episodes: Episodes, data: Relabelled) -> np.ndarray:

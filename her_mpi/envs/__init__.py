@@ -68,6 +68,9 @@ class EnvSpec:
     # always stored flat (obs_dim values per step); networks for images reshape them.
     obs_shape: tuple = ()
     obs_dtype: str = "float32"  # "uint8" for images: stored as bytes, scaled at the network
+    # Bounds of the desired goal per dimension where all are finite (predator-prey's arena), else ()
+    goal_low: tuple = ()
+    goal_high: tuple = ()
 
 
 def make_env(cfg: EnvConfig, seed: int | None = None) -> gym.Env:
@@ -118,6 +121,9 @@ def env_spec(env: gym.Env, env_id: str) -> EnvSpec:
     discrete = isinstance(action, gym.spaces.Discrete)
     observation = space["observation"]
     image = len(observation.shape) == 3
+    goal_space = space["desired_goal"]
+    bounded = isinstance(goal_space, gym.spaces.Box) and bool(np.isfinite(goal_space.low).all()
+                                                               and np.isfinite(goal_space.high).all())
     return EnvSpec(
         env_id=env_id,
         obs_dim=int(np.prod(space["observation"].shape)),
@@ -132,6 +138,8 @@ def env_spec(env: gym.Env, env_id: str) -> EnvSpec:
         reward_bounds=reward_bounds(env),
         obs_shape=tuple(int(d) for d in observation.shape) if image else (),
         obs_dtype="uint8" if observation.dtype == np.uint8 else "float32",
+        goal_low=tuple(float(v) for v in goal_space.low.ravel()) if bounded else (),
+        goal_high=tuple(float(v) for v in goal_space.high.ravel()) if bounded else (),
     )
 
 
