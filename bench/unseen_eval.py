@@ -1,0 +1,100 @@
+"""Measure final policies on episodes they never saw, and keep the numbers.
+
+    python bench/unseen_eval.py bench/parked/ms_pacman bench/parked/htrpo_push_discrete [--episodes 300 --seed 12345]
+
+Every run directory with a checkpoints/latest.pt under the given paths is evaluated with
+``python -m her_mpi.evaluate --checkpoint ... --episodes N --seed S`` (the deterministic policy;
+test episodes during training use other seeds). The results, with each run's recipe, seed and
+env steps trained, go to bench/results/<name>.json and .md (``--name``, default unseen_eval);
+a later call adds to or replaces rows in that file, keyed by the run's path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, ROOT, machine, progress  # noqa: E402
+
+CHECKPOINT = Path("checkpoints") / "latest.pt"
+
+
+def run_dirs(paths: list[Path]) -> list[Path]:
+    found = []
+    for path in paths:
+        if not path.is_dir():
+            raise SystemExit(f"unseen_eval: {str(path)!r} is not a directory (expected a run or sweep directory)")
+        runs = sorted(p.parent.parent for p in path.rglob(str(CHECKPOINT)))
+        if not runs:
+            raise SystemExit(f"unseen_eval: no {CHECKPOINT} under {str(path)!r}")
+        found += runs
+    return found
+
+
+def evaluate(run: Path, episodes: int, seed: int) -> dict:
+    cmd = [sys.executable, "-m", "her_mpi.evaluate", "--checkpoint", str(run / CHECKPOINT),
+           "--episodes", str(episodes), "--seed", str(seed)]
+    print("$", " ".join(cmd), flush=True)
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout
+    result = json.loads(out.strip().splitlines()[-1])
+    sweep = json.loads((run / "sweep.json").read_text()) if (run / "sweep.json").is_file() else {}
+    rows = progress(run)
+    return {
+        "run": str(run.resolve().relative_to(ROOT)) if run.resolve().is_relative_to(ROOT) else str(run),
+        "recipe": sweep.get("recipe"), "seed": sweep.get("seed"),
+        "env_id": result["env_id"], "env_steps_trained": int(rows[-1]["env_steps"]) if rows else 0,
+        "last_test_success": rows[-1]["test_success_rate"] if rows else None,
+        "finished": (run / "finished.json").is_file(),
+        "episodes": episodes, "eval_seed": seed,
+        "success_rate": result["success_rate"], "mean_return": result["mean_return"],
+        "mean_length": result["mean_length"],
+        "command": f"python -m her_mpi.evaluate --checkpoint {run / CHECKPOINT} --episodes {episodes} --seed {seed}",
+    }
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| recipe | seed | env | env steps trained | finished | last test (100 ep.) | unseen success | episodes, eval seed |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['recipe']} | {r['seed']} | {r['env_id']} | {r['env_steps_trained']:,} | "
+                     f"{'yes' if r['finished'] else 'no'} | {r['last_test_success']} | **{r['success_rate']:.3f}** | "
+                     f"{r['episodes']}, {r['eval_seed']} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="+", type=Path, help="run or sweep directories holding checkpoints/latest.pt")
+    parser.add_argument("--episodes", type=int, default=300)
+    parser.add_argument("--seed", type=int, default=12345)
+    parser.add_argument("--name", default="unseen_eval", help="results file name in bench/results")
+    args = parser.parse_args()
+    if args.episodes < 1:
+        raise SystemExit(f"unseen_eval: --episodes must be >= 1, got {args.episodes}")
+    runs = run_dirs(args.paths)
+    path = RESULTS / f"{args.name}.json"
+    kept = {r["run"]: r for r in json.loads(path.read_text())["runs"]} if path.is_file() else {}
+    for run in runs:
+        row = evaluate(run, args.episodes, args.seed)
+        print(f"  {row['recipe']} seed {row['seed']}: {row['success_rate']:.3f} on {args.episodes} unseen episodes",
+              flush=True)
+        kept[row["run"]] = row
+    rows = sorted(kept.values(), key=lambda r: (r["env_id"], str(r["recipe"]), r["seed"] or 0))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"machine": machine(), "runs": rows}, indent=2))
+    md = ["# Final policies on episodes they never saw", "",
+          "`python bench/unseen_eval.py <run or sweep dirs>`: the deterministic policy of each run's latest",
+          "checkpoint, `python -m her_mpi.evaluate` with the episodes and seed shown; \"last test\" is the run's",
+          "last evaluation during training (100 episodes, other seeds).", "", table(rows), ""]
+    path.with_suffix(".md").write_text("\n".join(md))
+    print(table(rows))
+    print(f"saved {path} and {path.with_suffix('.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
