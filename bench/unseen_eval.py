@@ -18,9 +18,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, ROOT, machine, progress  # noqa: E402
+from common import RESULTS, ROOT, machine  # noqa: E402
+from park_runs import CHECKPOINT, runs_with_checkpoints  # noqa: E402  (also puts this checkout's her_mpi first)
 
-CHECKPOINT = Path("checkpoints") / "latest.pt"
+from her_mpi.sweep import DESCRIPTION, FINISHED, last_row  # noqa: E402
 
 
 def run_dirs(paths: list[Path]) -> list[Path]:
@@ -28,7 +29,7 @@ def run_dirs(paths: list[Path]) -> list[Path]:
     for path in paths:
         if not path.is_dir():
             raise SystemExit(f"unseen_eval: {str(path)!r} is not a directory (expected a run or sweep directory)")
-        runs = sorted(p.parent.parent for p in path.rglob(str(CHECKPOINT)))
+        runs = runs_with_checkpoints(path)
         if not runs:
             raise SystemExit(f"unseen_eval: no {CHECKPOINT} under {str(path)!r}")
         found += runs
@@ -41,14 +42,14 @@ def evaluate(run: Path, episodes: int, seed: int) -> dict:
     print("$", " ".join(cmd), flush=True)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout
     result = json.loads(out.strip().splitlines()[-1])
-    sweep = json.loads((run / "sweep.json").read_text()) if (run / "sweep.json").is_file() else {}
-    rows = progress(run)
+    sweep = json.loads((run / DESCRIPTION).read_text()) if (run / DESCRIPTION).is_file() else {}
+    last = last_row(run)
     return {
         "run": str(run.resolve().relative_to(ROOT)) if run.resolve().is_relative_to(ROOT) else str(run),
         "recipe": sweep.get("recipe"), "seed": sweep.get("seed"),
-        "env_id": result["env_id"], "env_steps_trained": int(rows[-1]["env_steps"]) if rows else 0,
-        "last_test_success": rows[-1]["test_success_rate"] if rows else None,
-        "finished": (run / "finished.json").is_file(),
+        "env_id": result["env_id"], "env_steps_trained": int(float(last.get("env_steps", 0))),
+        "last_test_success": float(last["test_success_rate"]) if last else None,
+        "finished": (run / FINISHED).is_file(),
         "episodes": episodes, "eval_seed": seed,
         "success_rate": result["success_rate"], "mean_return": result["mean_return"],
         "mean_length": result["mean_length"],
