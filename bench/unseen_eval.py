@@ -7,6 +7,11 @@ Every run directory with a checkpoints/latest.pt under the given paths is evalua
 test episodes during training use other seeds). The results, with each run's recipe, seed and
 env steps trained, go to bench/results/<name>.json and .md (``--name``, default unseen_eval);
 a later call adds to or replaces rows in that file, keyed by the run's path.
+
+"Never saw" means the episodes come from a seed stream training did not use (SeedSequence(seed)
+here, SeedSequence(run seed, spawn_key=(rank, ...)) in training). Where the env is deterministic
+and its goals a finite set (MsPacmanGoal-v0: 162 cells), that is no longer true, and
+bench/ms_pacman_goals.py gives the exact number instead: every goal once.
 """
 
 from __future__ import annotations

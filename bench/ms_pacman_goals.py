@@ -1,0 +1,157 @@
+"""MsPacmanGoal policies on every goal once: their exact success rate, and where they fail.
+
+    python bench/ms_pacman_goals.py bench/parked/ms_pacman [--repeat 2 --name ms_pacman_goals]
+
+MsPacmanGoal-v0's emulator is deterministic (no sticky actions, the same maze after every reset)
+and its desired goal is drawn uniformly from a finite set (the 162 reachable cells other than
+the start cell), so a deterministic policy's episode is a function of its goal alone. A sampled
+evaluation (100 test episodes in training, ``bench/unseen_eval.py``'s 300) therefore estimates,
+with sampling noise, a number this script computes exactly: the mean success over all goals. It
+also means no goal is "unseen" after training: training draws from the same 162.
+
+Each run's checkpoints/latest.pt (under the given run or sweep directories) plays one episode per
+goal (``goal_cells=[cell]``), ``--repeat`` times with different env seeds to check the outcome
+does not vary. Results: bench/results/<name>.json and .md (rows keyed by run path, later calls
+add) and .png (each policy's per-goal outcome on the maze's 14x19 grid).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, ROOT, machine  # noqa: E402
+from unseen_eval import run_dirs  # noqa: E402  (also puts this checkout's her_mpi first)
+
+from her_mpi.envs.ms_pacman import GRID, REACHABLE  # noqa: E402
+from her_mpi.evaluate import load_policy  # noqa: E402
+from her_mpi.rollout import RolloutWorker  # noqa: E402
+from her_mpi.settings import EnvConfig  # noqa: E402
+from her_mpi.sweep import DESCRIPTION, last_row  # noqa: E402
+
+ENV_ID = "MsPacmanGoal-v0"
+
+
+def env_config(training_config: dict, goal_cells: list | None = None) -> EnvConfig:
+    section = training_config.get("env", {})
+    kwargs = dict(section.get("kwargs", {}))
+    if goal_cells is not None:
+        kwargs["goal_cells"] = goal_cells
+    return EnvConfig(id=section.get("id", ""), kwargs=kwargs, max_episode_steps=section.get("max_episode_steps"))
+
+
+def start_cell(cfg: EnvConfig) -> tuple[int, int]:
+    worker = RolloutWorker(cfg, 1, np.random.SeedSequence(0))
+    try:
+        observation, _ = worker.envs[0].reset()
+    finally:
+        worker.close()
+    row, col = observation["achieved_goal"]
+    return int(row), int(col)
+
+
+def play_every_goal(run: Path, repeat: int) -> dict:
+    act, training_config, description, _ = load_policy(
+        types.SimpleNamespace(policy=None, checkpoint=str(run / "checkpoints" / "latest.pt")))
+    cfg = env_config(training_config)
+    if cfg.id != ENV_ID:
+        raise SystemExit(f"ms_pacman_goals: {run} was trained on {cfg.id!r}, expected {ENV_ID}")
+    start = start_cell(cfg)
+    goals = [(int(r), int(c)) for r, c in np.argwhere(REACHABLE) if (r, c) != start]
+    outcome = np.full(GRID, np.nan)  # per-goal success (NaN: not a goal)
+    lengths, varied = [], []
+    for row, col in goals:
+        results = []
+        for trial in range(repeat):
+            worker = RolloutWorker(env_config(training_config, [[row, col]]), 1,
+                                   np.random.SeedSequence([row, col, trial]))
+            try:
+                episode = worker.generate(act, 1, env_units=True)
+            finally:
+                worker.close()
+            results.append(float(episode.success[0]))
+            lengths.append(int(episode.lengths[0]))
+        outcome[row, col] = results[0]
+        if len(set(results)) > 1:
+            varied.append([row, col])
+    sweep = json.loads((run / DESCRIPTION).read_text()) if (run / DESCRIPTION).is_file() else {}
+    last = last_row(run)
+    solved = [g for g in goals if outcome[g] == 1.0]
+    print(f"  {description}: {len(solved)} of {len(goals)} goals ({len(solved) / len(goals):.3f}); "
+          f"outcome varied on {len(varied)}", flush=True)
+    return {
+        "run": str(run.resolve().relative_to(ROOT)) if run.resolve().is_relative_to(ROOT) else str(run),
+        "recipe": sweep.get("recipe"), "seed": sweep.get("seed"),
+        "env_steps_trained": int(float(last.get("env_steps", 0))) if last else None,
+        "last_test_success": float(last["test_success_rate"]) if last else None,
+        "goals": len(goals), "solved": len(solved), "success_rate": len(solved) / len(goals),
+        "repeat": repeat, "goals_with_varying_outcome": varied, "mean_length": float(np.mean(lengths)),
+        "start_cell": list(start), "per_goal": [[None if np.isnan(v) else v for v in row] for row in outcome],
+    }
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+
+    fig, axes = plt.subplots(1, len(rows), figsize=(4.2 * len(rows), 3.6), squeeze=False)
+    colours = ListedColormap(["#d62728", "#2ca02c"])
+    for ax, row in zip(axes[0], rows):
+        grid = np.array([[np.nan if v is None else v for v in r] for r in row["per_goal"]], float)
+        ax.set_facecolor("#444444")  # walls and unreachable cells
+        ax.imshow(np.ma.masked_invalid(grid), cmap=colours, vmin=0, vmax=1)
+        ax.plot(row["start_cell"][1], row["start_cell"][0], "w*", markersize=10)
+        ax.set_title(f"{row['recipe']} seed {row['seed']}\n{row['solved']}/{row['goals']} goals "
+                     f"({row['success_rate']:.3f})", fontsize=9)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle("MsPacmanGoal: each goal cell once (green solved, red not, star: start)", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.92))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="+", type=Path, help="run or sweep directories holding checkpoints/latest.pt")
+    parser.add_argument("--repeat", type=int, default=2, help="episodes per goal, different env seeds (default 2)")
+    parser.add_argument("--name", default="ms_pacman_goals", help="results file name in bench/results")
+    args = parser.parse_args()
+    if args.repeat < 1:
+        raise SystemExit(f"ms_pacman_goals: --repeat must be >= 1, got {args.repeat}")
+    path = RESULTS / f"{args.name}.json"
+    kept = {r["run"]: r for r in json.loads(path.read_text())["runs"]} if path.is_file() else {}
+    for run in run_dirs(args.paths):
+        row = play_every_goal(run, args.repeat)
+        kept[row["run"]] = row
+    rows = sorted(kept.values(), key=lambda r: (str(r["recipe"]), r["seed"] or 0))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"machine": machine(), "runs": rows}, indent=2))
+    lines = ["# MsPacmanGoal: every goal once", "",
+             "`python bench/ms_pacman_goals.py <run or sweep dirs>`: each run's latest checkpoint, deterministic,",
+             "one episode per goal cell (repeated with other env seeds to check the outcome does not vary).",
+             "This is the exact success over the env's uniform goal distribution; sampled evaluations estimate it.", "",
+             "| recipe | seed | env steps trained | last test (100 sampled ep.) | goals solved | success | varied |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['recipe']} | {r['seed']} | {r['env_steps_trained']:,} | {r['last_test_success']} | "
+                     f"{r['solved']} / {r['goals']} | **{r['success_rate']:.3f}** | "
+                     f"{len(r['goals_with_varying_outcome'])} of {r['goals']} ({r['repeat']} runs each) |")
+    path.with_suffix(".md").write_text("\n".join(lines + [""]))
+    plot(rows, path.with_suffix(".png"))
+    print("\n".join(lines[5:]))
+    print(f"saved {path}, .md and .png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
