@@ -29,13 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, ROOT, machine  # noqa: E402
 from unseen_eval import run_dirs  # noqa: E402  (also puts this checkout's her_mpi first)
 
-from her_mpi.envs.ms_pacman import GRID, REACHABLE  # noqa: E402
+from her_mpi.envs.ms_pacman import GRID, REACHABLE, cell_distances  # noqa: E402
 from her_mpi.evaluate import load_policy  # noqa: E402
 from her_mpi.rollout import RolloutWorker  # noqa: E402
 from her_mpi.settings import EnvConfig  # noqa: E402
 from her_mpi.sweep import DESCRIPTION, last_row  # noqa: E402
 
 ENV_ID = "MsPacmanGoal-v0"
+DISTANCE_BANDS = ((1, 5), (6, 10), (11, 15), (16, 21))  # fewest steps to the goal (horizon 26)
 
 
 def env_config(training_config: dict, goal_cells: list | None = None) -> EnvConfig:
@@ -56,7 +57,17 @@ def start_cell(cfg: EnvConfig) -> tuple[int, int]:
     return int(row), int(col)
 
 
-def play_every_goal(run: Path, repeat: int) -> dict:
+def by_distance(outcome: np.ndarray, distance: np.ndarray) -> list[dict]:
+    """Success over the goals whose ghost-free shortest path takes each band's number of steps."""
+    bands = []
+    for low, high in DISTANCE_BANDS:
+        cells = ~np.isnan(outcome) & (distance >= low) & (distance <= high)
+        bands.append({"steps": f"{low}-{high}", "goals": int(cells.sum()),
+                      "success_rate": float(outcome[cells].mean()) if cells.any() else None})
+    return bands
+
+
+def play_every_goal(run: Path, repeat: int, distance: np.ndarray) -> dict:
     act, training_config, description, _ = load_policy(
         types.SimpleNamespace(policy=None, checkpoint=str(run / "checkpoints" / "latest.pt")))
     cfg = env_config(training_config)
@@ -92,6 +103,7 @@ def play_every_goal(run: Path, repeat: int) -> dict:
         "last_test_success": float(last["test_success_rate"]) if last else None,
         "goals": len(goals), "solved": len(solved), "success_rate": len(solved) / len(goals),
         "repeat": repeat, "goals_with_varying_outcome": varied, "mean_length": float(np.mean(lengths)),
+        "by_distance": by_distance(outcome, distance),
         "start_cell": list(start), "per_goal": [[None if np.isnan(v) else v for v in row] for row in outcome],
     }
 
@@ -130,8 +142,9 @@ def main() -> int:
         raise SystemExit(f"ms_pacman_goals: --repeat must be >= 1, got {args.repeat}")
     path = RESULTS / f"{args.name}.json"
     kept = {r["run"]: r for r in json.loads(path.read_text())["runs"]} if path.is_file() else {}
+    distance = cell_distances()
     for run in run_dirs(args.paths):
-        row = play_every_goal(run, args.repeat)
+        row = play_every_goal(run, args.repeat, distance)
         kept[row["run"]] = row
     rows = sorted(kept.values(), key=lambda r: (str(r["recipe"]), r["seed"] or 0))
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -140,15 +153,18 @@ def main() -> int:
              "`python bench/ms_pacman_goals.py <run or sweep dirs>`: each run's latest checkpoint, deterministic,",
              "one episode per goal cell (repeated with other env seeds to check the outcome does not vary).",
              "This is the exact success over the env's uniform goal distribution; sampled evaluations estimate it.", "",
-             "| recipe | seed | env steps trained | last test (100 sampled ep.) | goals solved | success | varied |",
-             "|---|---|---|---|---|---|---|"]
+             "Success by the goal's distance: the fewest steps a ghost-free path takes (`cell_distances()`; horizon 26).", "",
+             "| recipe | seed | env steps trained | last test (100 sampled ep.) | goals solved | success | "
+             + " | ".join(f"{low}-{high} steps" for low, high in DISTANCE_BANDS) + " | varied |",
+             "|---|---|---|---|---|---|" + "---|" * len(DISTANCE_BANDS) + "---|"]
     for r in rows:
+        bands = " | ".join(f"{b['success_rate']:.2f} ({b['goals']})" for b in r["by_distance"])
         lines.append(f"| {r['recipe']} | {r['seed']} | {r['env_steps_trained']:,} | {r['last_test_success']} | "
-                     f"{r['solved']} / {r['goals']} | **{r['success_rate']:.3f}** | "
+                     f"{r['solved']} / {r['goals']} | **{r['success_rate']:.3f}** | {bands} | "
                      f"{len(r['goals_with_varying_outcome'])} of {r['goals']} ({r['repeat']} runs each) |")
     path.with_suffix(".md").write_text("\n".join(lines + [""]))
     plot(rows, path.with_suffix(".png"))
-    print("\n".join(lines[5:]))
+    print("\n".join(lines[6:]))
     print(f"saved {path}, .md and .png")
     return 0
 

@@ -7,8 +7,8 @@ import pytest
 from her_mpi.config import EnvConfig
 from her_mpi.envs import env_spec, goal_functions, make_env
 from her_mpi.envs.fetch_discrete import action_table
-from her_mpi.envs.ms_pacman import (COL_EDGES, REACHABLE, ROW_EDGES, derive_reachable_cells, make_ale,
-                                    pacman_cell)
+from her_mpi.envs.ms_pacman import (COL_EDGES, HORIZON, REACHABLE, ROW_EDGES, cell_distances,
+                                    derive_reachable_cells, make_ale, pacman_cell)
 
 
 # -- discrete Fetch ---------------------------------------------------------------------------
@@ -189,6 +189,15 @@ def test_reachable_cells_include_every_cell_a_random_walk_reports():
 @pytest.mark.slow
 def test_reachable_mask_is_the_derivation():
     np.testing.assert_array_equal(derive_reachable_cells(), REACHABLE)
+
+
+@pytest.mark.slow
+def test_every_goal_cell_can_be_reached_within_an_episode():
+    distance = cell_distances()
+    assert [tuple(c) for c in np.argwhere(distance == 0)] == [(8, 10)]  # the start cell only
+    assert distance[8, 9] == 2  # she stands still for the first step, then one step left
+    assert distance[REACHABLE].min() == 0 and distance[~REACHABLE].max() == -1
+    assert distance.max() < HORIZON  # a ghost-free path to every goal fits in the 26 steps
 
 
 @pytest.mark.parametrize("start", ["random", "zeros"])

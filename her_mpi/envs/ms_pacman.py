@@ -194,22 +194,29 @@ class MsPacmanGoalEnv(gym.Env):
 
 
 def derive_reachable_cells() -> np.ndarray:
-    """Breadth-first search over Ms. Pac-Man's positions from the post-reset state; returns the
-    [14, 19] mask of cells the detector reports at any state reached without losing a life."""
+    """The [14, 19] mask of cells the detector reports at any state reached from the post-reset
+    state without losing a life (what :data:`REACHABLE` holds)."""
+    return cell_distances() >= 0
+
+
+def cell_distances() -> np.ndarray:
+    """Breadth-first search over Ms. Pac-Man's positions from the post-reset state: for each cell
+    of the [14, 19] grid, the fewest env steps (13-frame actions) after which the detector reports
+    it without a life lost; -1 where it never does. Positions, not whole emulator states, are
+    searched (the ghosts are ignored), so a distance is what a ghost-free path takes."""
     ale, actions, noop = make_ale(0)
     ale.reset_game()
     for _ in range(RESET_SKIP_FRAMES):
         ale.act(noop)
     lives = ale.lives()
-    mask = np.zeros(GRID, bool)
-    start = pacman_cell(ale.getScreenGrayscale())
-    mask[start] = True
+    distance = np.full(GRID, -1, np.int64)
+    distance[pacman_cell(ale.getScreenGrayscale())] = 0
     # The start position is not marked seen: she does not move in the first step's frames (the
     # game is still starting), so the state after it must be explored although she is where she was.
     seen: set = set()
-    queue = deque([ale.cloneState()])
+    queue = deque([(ale.cloneState(), 0)])
     while queue:
-        state = queue.popleft()
+        state, depth = queue.popleft()
         for action in actions:
             ale.restoreState(state)
             for _ in range(FRAMESKIP):
@@ -219,13 +226,13 @@ def derive_reachable_cells() -> np.ndarray:
             if ale.lives() < lives:
                 continue
             cell = pacman_cell(ale.getScreenGrayscale())
-            if cell is not None:
-                mask[cell] = True
+            if cell is not None and distance[cell] < 0:
+                distance[cell] = depth + 1
             position = tuple(int(ale.getRAM()[i]) for i in PLAYER_RAM)
             if position not in seen:
                 seen.add(position)
-                queue.append(ale.cloneState())
-    return mask
+                queue.append((ale.cloneState(), depth + 1))
+    return distance
 
 
 if __name__ == "__main__":
