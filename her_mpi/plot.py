@@ -31,8 +31,9 @@ import numpy as np
 import yaml
 
 THRESHOLDS = (0.5, 0.8, 0.9)
-# Sections that change how a run is recorded, not what it learns.
-NOT_RECIPE = {("train", "seed"), ("checkpoint",), ("log",), ("train", "n_epochs")}
+# Sections that change how a run is recorded, not what it learns; the budgets (epochs, env steps)
+# only say where its curve stops (the table reports the budget every seed reached).
+NOT_RECIPE = {("train", "seed"), ("checkpoint",), ("log",), ("train", "n_epochs"), ("train", "max_env_steps")}
 
 
 @dataclass

@@ -219,6 +219,18 @@ def test_runs_written_by_another_version_of_the_package_still_group_together(tmp
     assert [len(r.runs) for r in recipes] == [2]
 
 
+def test_runs_that_differ_only_in_their_budget_group_together(tmp_path):
+    """A recipe's seeds run with another epoch or env-step cap (e.g. one inherited and never reached)
+    are the same recipe: the curve stops where every seed has data."""
+    fake_run(tmp_path / "a/seed0", 0, [0.0, 0.5])
+    fake_run(tmp_path / "b/seed1", 1, [0.0, 0.7, 0.8])
+    config = yaml.safe_load((tmp_path / "b/seed1/config.yaml").read_text())
+    config["train"].update(n_epochs=40, max_env_steps=2_000_000)
+    (tmp_path / "b/seed1/config.yaml").write_text(yaml.safe_dump(config))
+    (recipe,) = plot.group(plot.find_runs([tmp_path]))
+    assert len(recipe.runs) == 2 and plot.summarise(recipe, reps=200)["epochs"] == 2
+
+
 FINALS = [0.0, 0.2, 0.4, 0.6, 1.0]
 
 
