@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, ROOT, machine  # noqa: E402
 from park_runs import CHECKPOINT, runs_with_checkpoints  # noqa: E402  (also puts this checkout's her_mpi first)
 
+from her_mpi.plot import sweep_label  # noqa: E402
 from her_mpi.sweep import DESCRIPTION, FINISHED, last_row  # noqa: E402
 
 
@@ -52,6 +53,7 @@ def evaluate(run: Path, episodes: int, seed: int) -> dict:
     return {
         "run": str(run.resolve().relative_to(ROOT)) if run.resolve().is_relative_to(ROOT) else str(run),
         "recipe": sweep.get("recipe"), "seed": sweep.get("seed"),
+        "label": sweep_label(run),  # the recipe and its --set values
         "env_id": result["env_id"], "env_steps_trained": int(float(last.get("env_steps", 0))),
         "last_test_success": float(last["test_success_rate"]) if last else None,
         "finished": (run / FINISHED).is_file(),
@@ -66,7 +68,7 @@ def table(rows: list[dict]) -> str:
     lines = ["| recipe | seed | env | env steps trained | finished | last test (100 ep.) | unseen success | episodes, eval seed |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['recipe']} | {r['seed']} | {r['env_id']} | {r['env_steps_trained']:,} | "
+        lines.append(f"| {r.get('label') or r['recipe']} | {r['seed']} | {r['env_id']} | {r['env_steps_trained']:,} | "
                      f"{'yes' if r['finished'] else 'no'} | {r['last_test_success']} | **{r['success_rate']:.3f}** | "
                      f"{r['episodes']}, {r['eval_seed']} |")
     return "\n".join(lines)
@@ -89,7 +91,7 @@ def main() -> int:
         print(f"  {row['recipe']} seed {row['seed']}: {row['success_rate']:.3f} on {args.episodes} unseen episodes",
               flush=True)
         kept[row["run"]] = row
-    rows = sorted(kept.values(), key=lambda r: (r["env_id"], str(r["recipe"]), r["seed"] or 0))
+    rows = sorted(kept.values(), key=lambda r: (r["env_id"], str(r.get("label") or r["recipe"]), r["seed"] or 0))
     RESULTS.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"machine": machine(), "runs": rows}, indent=2))
     md = ["# Final policies on episodes they never saw", "",
