@@ -18,7 +18,6 @@ add) and .png (each policy's per-goal outcome on the maze's 14x19 grid).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import types
 from pathlib import Path
@@ -26,14 +25,14 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, ROOT, machine  # noqa: E402
-from unseen_eval import run_dirs  # noqa: E402  (also puts this checkout's her_mpi first)
+from common import RESULTS  # noqa: E402
+from park_runs import CHECKPOINT  # noqa: E402
+from unseen_eval import merge_rows, run_dirs, run_facts  # noqa: E402  (also puts this checkout's her_mpi first)
 
 from her_mpi.envs.ms_pacman import GRID, REACHABLE, cell_distances  # noqa: E402
 from her_mpi.evaluate import load_policy  # noqa: E402
 from her_mpi.rollout import RolloutWorker  # noqa: E402
 from her_mpi.settings import EnvConfig  # noqa: E402
-from her_mpi.sweep import DESCRIPTION, last_row  # noqa: E402
 
 ENV_ID = "MsPacmanGoal-v0"
 DISTANCE_BANDS = ((1, 5), (6, 10), (11, 15), (16, 21))  # fewest steps to the goal (horizon 26)
@@ -69,7 +68,7 @@ def by_distance(outcome: np.ndarray, distance: np.ndarray) -> list[dict]:
 
 def play_every_goal(run: Path, repeat: int, distance: np.ndarray) -> dict:
     act, training_config, description, _ = load_policy(
-        types.SimpleNamespace(policy=None, checkpoint=str(run / "checkpoints" / "latest.pt")))
+        types.SimpleNamespace(policy=None, checkpoint=str(run / CHECKPOINT)))
     cfg = env_config(training_config)
     if cfg.id != ENV_ID:
         raise SystemExit(f"ms_pacman_goals: {run} was trained on {cfg.id!r}, expected {ENV_ID}")
@@ -91,17 +90,11 @@ def play_every_goal(run: Path, repeat: int, distance: np.ndarray) -> dict:
         outcome[row, col] = results[0]
         if len(set(results)) > 1:
             varied.append([row, col])
-    sweep = json.loads((run / DESCRIPTION).read_text()) if (run / DESCRIPTION).is_file() else {}
-    last = last_row(run)
     solved = [g for g in goals if outcome[g] == 1.0]
     print(f"  {description}: {len(solved)} of {len(goals)} goals ({len(solved) / len(goals):.3f}); "
           f"outcome varied on {len(varied)}", flush=True)
     return {
-        "run": str(run.resolve().relative_to(ROOT)) if run.resolve().is_relative_to(ROOT) else str(run),
-        "recipe": sweep.get("recipe"), "seed": sweep.get("seed"),
-        "env_steps_trained": int(float(last.get("env_steps", 0))) if last else None,
-        "last_test_success": float(last["test_success_rate"]) if last else None,
-        "goals": len(goals), "solved": len(solved), "success_rate": len(solved) / len(goals),
+        **run_facts(run), "goals": len(goals), "solved": len(solved), "success_rate": len(solved) / len(goals),
         "repeat": repeat, "goals_with_varying_outcome": varied, "mean_length": float(np.mean(lengths)),
         "by_distance": by_distance(outcome, distance),
         "start_cell": list(start), "per_goal": [[None if np.isnan(v) else v for v in row] for row in outcome],
@@ -141,14 +134,9 @@ def main() -> int:
     if args.repeat < 1:
         raise SystemExit(f"ms_pacman_goals: --repeat must be >= 1, got {args.repeat}")
     path = RESULTS / f"{args.name}.json"
-    kept = {r["run"]: r for r in json.loads(path.read_text())["runs"]} if path.is_file() else {}
     distance = cell_distances()
-    for run in run_dirs(args.paths):
-        row = play_every_goal(run, args.repeat, distance)
-        kept[row["run"]] = row
-    rows = sorted(kept.values(), key=lambda r: (str(r["recipe"]), r["seed"] or 0))
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"machine": machine(), "runs": rows}, indent=2))
+    played = [play_every_goal(run, args.repeat, distance) for run in run_dirs(args.paths)]
+    rows = merge_rows(path, played, lambda r: (str(r["recipe"]), r["seed"] or 0))
     lines = ["# MsPacmanGoal: every goal once", "",
              "`python bench/ms_pacman_goals.py <run or sweep dirs>`: each run's latest checkpoint, deterministic,",
              "one episode per goal cell (repeated with other env seeds to check the outcome does not vary).",

@@ -42,22 +42,38 @@ def run_dirs(paths: list[Path]) -> list[Path]:
     return found
 
 
-def evaluate(run: Path, episodes: int, seed: int) -> dict:
-    cmd = [sys.executable, "-m", "her_mpi.evaluate", "--checkpoint", str(run / CHECKPOINT),
-           "--episodes", str(episodes), "--seed", str(seed)]
-    print("$", " ".join(cmd), flush=True)
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout
-    result = json.loads(out.strip().splitlines()[-1])
+def run_facts(run: Path) -> dict:
+    """What a results row says about the run it measured: path, recipe, seed, how far it trained."""
     sweep = json.loads((run / DESCRIPTION).read_text()) if (run / DESCRIPTION).is_file() else {}
     last = last_row(run)
     return {
         "run": str(run.resolve().relative_to(ROOT)) if run.resolve().is_relative_to(ROOT) else str(run),
         "recipe": sweep.get("recipe"), "seed": sweep.get("seed"),
         "label": sweep_label(run),  # the recipe and its --set values
-        "env_id": result["env_id"], "env_steps_trained": int(float(last.get("env_steps", 0))),
+        "env_steps_trained": int(float(last.get("env_steps", 0))),
         "last_test_success": float(last["test_success_rate"]) if last else None,
         "finished": (run / FINISHED).is_file(),
-        "episodes": episodes, "eval_seed": seed,
+    }
+
+
+def merge_rows(path: Path, rows: list[dict], sort_key) -> list[dict]:
+    """Add ``rows`` to the results file at ``path`` (replacing rows of the same run); all rows, sorted."""
+    kept = {r["run"]: r for r in json.loads(path.read_text())["runs"]} if path.is_file() else {}
+    kept.update((r["run"], r) for r in rows)
+    merged = sorted(kept.values(), key=sort_key)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"machine": machine(), "runs": merged}, indent=2))
+    return merged
+
+
+def evaluate(run: Path, episodes: int, seed: int) -> dict:
+    cmd = [sys.executable, "-m", "her_mpi.evaluate", "--checkpoint", str(run / CHECKPOINT),
+           "--episodes", str(episodes), "--seed", str(seed)]
+    print("$", " ".join(cmd), flush=True)
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout
+    result = json.loads(out.strip().splitlines()[-1])
+    return {
+        **run_facts(run), "env_id": result["env_id"], "episodes": episodes, "eval_seed": seed,
         "success_rate": result["success_rate"], "mean_return": result["mean_return"],
         "mean_length": result["mean_length"],
         "command": f"python -m her_mpi.evaluate --checkpoint {run / CHECKPOINT} --episodes {episodes} --seed {seed}",
@@ -85,15 +101,12 @@ def main() -> int:
         raise SystemExit(f"unseen_eval: --episodes must be >= 1, got {args.episodes}")
     runs = run_dirs(args.paths)
     path = RESULTS / f"{args.name}.json"
-    kept = {r["run"]: r for r in json.loads(path.read_text())["runs"]} if path.is_file() else {}
+    measured = []
     for run in runs:
-        row = evaluate(run, args.episodes, args.seed)
-        print(f"  {row['recipe']} seed {row['seed']}: {row['success_rate']:.3f} on {args.episodes} unseen episodes",
-              flush=True)
-        kept[row["run"]] = row
-    rows = sorted(kept.values(), key=lambda r: (r["env_id"], str(r.get("label") or r["recipe"]), r["seed"] or 0))
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"machine": machine(), "runs": rows}, indent=2))
+        measured.append(evaluate(run, args.episodes, args.seed))
+        print(f"  {measured[-1]['recipe']} seed {measured[-1]['seed']}: {measured[-1]['success_rate']:.3f} on "
+              f"{args.episodes} unseen episodes", flush=True)
+    rows = merge_rows(path, measured, lambda r: (r["env_id"], str(r.get("label") or r["recipe"]), r["seed"] or 0))
     md = ["# Final policies on episodes they never saw", "",
           "`python bench/unseen_eval.py <run or sweep dirs>`: the deterministic policy of each run's latest",
           "checkpoint, `python -m her_mpi.evaluate` with the episodes and seed shown; \"last test\" is the run's",
