@@ -30,20 +30,12 @@ from park_runs import CHECKPOINT  # noqa: E402
 from unseen_eval import merge_rows, run_dirs, run_facts  # noqa: E402  (also puts this checkout's her_mpi first)
 
 from her_mpi.envs.ms_pacman import GRID, REACHABLE, cell_distances  # noqa: E402
-from her_mpi.evaluate import load_policy  # noqa: E402
+from her_mpi.evaluate import env_config_from_training, load_policy  # noqa: E402
 from her_mpi.rollout import RolloutWorker  # noqa: E402
 from her_mpi.settings import EnvConfig  # noqa: E402
 
 ENV_ID = "MsPacmanGoal-v0"
 DISTANCE_BANDS = ((1, 5), (6, 10), (11, 15), (16, 21))  # fewest steps to the goal (horizon 26)
-
-
-def env_config(training_config: dict, goal_cells: list | None = None) -> EnvConfig:
-    section = training_config.get("env", {})
-    kwargs = dict(section.get("kwargs", {}))
-    if goal_cells is not None:
-        kwargs["goal_cells"] = goal_cells
-    return EnvConfig(id=section.get("id", ""), kwargs=kwargs, max_episode_steps=section.get("max_episode_steps"))
 
 
 def start_cell(cfg: EnvConfig) -> tuple[int, int]:
@@ -69,7 +61,7 @@ def by_distance(outcome: np.ndarray, distance: np.ndarray) -> list[dict]:
 def play_every_goal(run: Path, repeat: int, distance: np.ndarray) -> dict:
     act, training_config, description, _ = load_policy(
         types.SimpleNamespace(policy=None, checkpoint=str(run / CHECKPOINT)))
-    cfg = env_config(training_config)
+    cfg = env_config_from_training(training_config)
     if cfg.id != ENV_ID:
         raise SystemExit(f"ms_pacman_goals: {run} was trained on {cfg.id!r}, expected {ENV_ID}")
     start = start_cell(cfg)
@@ -79,7 +71,7 @@ def play_every_goal(run: Path, repeat: int, distance: np.ndarray) -> dict:
     for row, col in goals:
         results = []
         for trial in range(repeat):
-            worker = RolloutWorker(env_config(training_config, [[row, col]]), 1,
+            worker = RolloutWorker(env_config_from_training(training_config, goal_cells=[[row, col]]), 1,
                                    np.random.SeedSequence([row, col, trial]))
             try:
                 episode = worker.generate(act, 1, env_units=True)

@@ -52,6 +52,13 @@ def load_policy(args) -> tuple[callable, dict, str, tuple[int, int]]:
     return act, state["config"], f"checkpoint:{state['path']}", (spec["obs_dim"], spec["goal_dim"])
 
 
+def env_config_from_training(training_config: dict, env_id: str | None = None, **kwargs) -> EnvConfig:
+    """The env a policy was trained on (from its run's config), optionally another id or extra env kwargs."""
+    section = training_config.get("env", {})
+    return EnvConfig(id=env_id or section.get("id", ""), kwargs={**section.get("kwargs", {}), **kwargs},
+                     max_episode_steps=section.get("max_episode_steps"))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m her_mpi.evaluate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -81,9 +88,7 @@ def main(argv=None) -> int:
                 raise ConfigError(f"--fps must be in (0, 1000], got {args.fps}")
             backend = select_gl_backend()  # before mujoco is imported
         act, training_config, description, dims = load_policy(args)
-        env_section = dict(training_config.get("env", {}))
-        env_cfg = EnvConfig(id=args.env or env_section.get("id", ""), kwargs=env_section.get("kwargs", {}),
-                            max_episode_steps=env_section.get("max_episode_steps"))
+        env_cfg = env_config_from_training(training_config, env_id=args.env)
         if args.video:
             worker = RenderEnv(env_cfg, args.width, args.height, backend)
         else:
