@@ -58,6 +58,20 @@ def by_distance(outcome: np.ndarray, distance: np.ndarray) -> list[dict]:
     return bands
 
 
+def by_region(per_goal: list[list]) -> list[tuple[str, float, int]]:
+    """(region, success, goals) for the maze's halves, its top rows and its outer columns: where a policy fails."""
+    outcome = np.array([[np.nan if v is None else v for v in row] for row in per_goal], float)
+    rows, cols = np.indices(outcome.shape)
+    centre = outcome.shape[1] // 2
+    regions = {"left half": cols < centre, "right half": cols > centre, "top 5 rows": rows < 5,
+               "outer 2 columns": (cols < 2) | (cols >= outcome.shape[1] - 2)}
+    result = []
+    for name, mask in regions.items():
+        cells = mask & ~np.isnan(outcome)
+        result.append((name, float(outcome[cells].mean()), int(cells.sum())))
+    return result
+
+
 def play_every_goal(run: Path, repeat: int, distance: np.ndarray) -> dict:
     act, training_config, description, _ = load_policy(
         types.SimpleNamespace(policy=None, checkpoint=str(run / CHECKPOINT)))
@@ -142,6 +156,12 @@ def main() -> int:
         lines.append(f"| {r['recipe']} | {r['seed']} | {r['env_steps_trained']:,} | {r['last_test_success']} | "
                      f"{r['solved']} / {r['goals']} | **{r['success_rate']:.3f}** | {bands} | "
                      f"{len(r['goals_with_varying_outcome'])} of {r['goals']} ({r['repeat']} runs each) |")
+    names = [name for name, _, _ in by_region(rows[0]["per_goal"])]
+    lines += ["", "Success by region of the maze (goals in brackets; the halves leave out the centre column).", "",
+              "| recipe | seed | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    for r in rows:
+        regions = " | ".join(f"{rate:.2f} ({n})" for _, rate, n in by_region(r["per_goal"]))
+        lines.append(f"| {r['recipe']} | {r['seed']} | {regions} |")
     path.with_suffix(".md").write_text("\n".join(lines + [""]))
     plot(rows, path.with_suffix(".png"))
     print("\n".join(lines[6:]))
