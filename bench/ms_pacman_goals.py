@@ -58,9 +58,14 @@ def by_distance(outcome: np.ndarray, distance: np.ndarray) -> list[dict]:
     return bands
 
 
+def outcome_grid(per_goal: list[list]) -> np.ndarray:
+    """A results row's per-goal outcomes (JSON: None off the goal cells) as a float grid with NaN there."""
+    return np.array([[np.nan if v is None else v for v in row] for row in per_goal], float)
+
+
 def by_region(per_goal: list[list]) -> list[tuple[str, float, int]]:
     """(region, success, goals) for the maze's halves, its top rows and its outer columns: where a policy fails."""
-    outcome = np.array([[np.nan if v is None else v for v in row] for row in per_goal], float)
+    outcome = outcome_grid(per_goal)
     rows, cols = np.indices(outcome.shape)
     centre = outcome.shape[1] // 2
     regions = {"left half": cols < centre, "right half": cols > centre, "top 5 rows": rows < 5,
@@ -117,7 +122,7 @@ def plot(rows: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, len(rows), figsize=(4.2 * len(rows), 3.6), squeeze=False)
     colours = ListedColormap(["#d62728", "#2ca02c"])
     for ax, row in zip(axes[0], rows):
-        grid = np.array([[np.nan if v is None else v for v in r] for r in row["per_goal"]], float)
+        grid = outcome_grid(row["per_goal"])
         ax.set_facecolor("#444444")  # walls and unreachable cells
         ax.imshow(np.ma.masked_invalid(grid), cmap=colours, vmin=0, vmax=1)
         ax.plot(row["start_cell"][1], row["start_cell"][0], "w*", markersize=10)
@@ -156,12 +161,13 @@ def main() -> int:
         lines.append(f"| {r['recipe']} | {r['seed']} | {r['env_steps_trained']:,} | {r['last_test_success']} | "
                      f"{r['solved']} / {r['goals']} | **{r['success_rate']:.3f}** | {bands} | "
                      f"{len(r['goals_with_varying_outcome'])} of {r['goals']} ({r['repeat']} runs each) |")
-    names = [name for name, _, _ in by_region(rows[0]["per_goal"])]
+    regions = [by_region(r["per_goal"]) for r in rows]
+    names = [name for name, _, _ in regions[0]]
     lines += ["", "Success by region of the maze (goals in brackets; the halves leave out the centre column).", "",
               "| recipe | seed | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
-    for r in rows:
-        regions = " | ".join(f"{rate:.2f} ({n})" for _, rate, n in by_region(r["per_goal"]))
-        lines.append(f"| {r['recipe']} | {r['seed']} | {regions} |")
+    for r, row_regions in zip(rows, regions):
+        cells = " | ".join(f"{rate:.2f} ({n})" for _, rate, n in row_regions)
+        lines.append(f"| {r['recipe']} | {r['seed']} | {cells} |")
     path.with_suffix(".md").write_text("\n".join(lines + [""]))
     plot(rows, path.with_suffix(".png"))
     print("\n".join(lines[6:]))

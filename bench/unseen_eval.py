@@ -103,9 +103,10 @@ def main() -> int:
     path = RESULTS / f"{args.name}.json"
     measured = []
     for run in runs:
-        measured.append(evaluate(run, args.episodes, args.seed))
-        print(f"  {measured[-1]['recipe']} seed {measured[-1]['seed']}: {measured[-1]['success_rate']:.3f} on "
-              f"{args.episodes} unseen episodes", flush=True)
+        row = evaluate(run, args.episodes, args.seed)
+        measured.append(row)
+        print(f"  {row['recipe']} seed {row['seed']}: {row['success_rate']:.3f} on {args.episodes} unseen episodes",
+              flush=True)
     rows = merge_rows(path, measured, lambda r: (r["env_id"], str(r.get("label") or r["recipe"]), r["seed"] or 0))
     md = ["# Final policies on episodes they never saw", "",
           "`python bench/unseen_eval.py <run or sweep dirs>`: the deterministic policy of each run's latest",
