@@ -187,15 +187,22 @@ def parse_env_steps(text: str) -> int:
     return int(steps)
 
 
-def at_budget(steps: np.ndarray, curve: np.ndarray, interval, budget: int) -> dict:
-    """The IQM and interval at the last evaluation at or before ``budget`` env steps; None when the
-    runs stop more than 1% short of it (episodes that end early make totals slightly uneven)."""
-    index = np.nonzero(steps <= budget)[0]
-    if steps[-1] < 0.99 * budget or not len(index):
-        return {"budget_env_steps": budget, "env_steps": None, "iqm_success": None, "ci95": None}
-    i = int(index[-1])
-    return {"budget_env_steps": budget, "env_steps": int(steps[i]), "iqm_success": float(curve[i]),
-            "ci95": [float(interval[0][i]), float(interval[1][i])]}
+def at_budget(recipe: Recipe, budget: int, reps: int) -> dict:
+    """The IQM and interval over each seed's last evaluation at or before ``budget`` env steps; None when
+    a seed stops more than 1% short of it. Read per seed, not off the epoch-aligned curve: when episodes
+    end early, seeds need different epoch counts to reach a budget, and the curve stops at the epochs
+    every seed has, short of the budget the runs were given."""
+    picked = []
+    for run in recipe.runs:
+        steps = run.column("env_steps")
+        index = np.nonzero(steps <= budget)[0]
+        if steps[-1] < 0.99 * budget or not len(index):
+            return {"budget_env_steps": budget, "env_steps": None, "iqm_success": None, "ci95": None}
+        picked.append((steps[index[-1]], run.column("test_success_rate")[index[-1]]))
+    steps, scores = np.array(picked).T
+    point, interval = iqm_curve(scores[:, None, None], reps)
+    return {"budget_env_steps": budget, "env_steps": int(np.mean(steps)), "iqm_success": float(point[-1]),
+            "ci95": [float(interval[0][-1]), float(interval[1][-1])]}
 
 
 def first_crossing(steps: np.ndarray, curve: np.ndarray, threshold: float) -> int | None:
@@ -218,7 +225,7 @@ def summarise(recipe: Recipe, reps: int, at: tuple[int, ...] = ()) -> dict:
         "budget_env_steps": int(steps[-1]),
         "iqm_success": float(curve[-1]), "ci95": [float(interval[0][-1]), float(interval[1][-1])],
         **{f"steps_to_{t}": first_crossing(steps, curve, t) for t in THRESHOLDS},
-        "at": [at_budget(steps, curve, interval, budget) for budget in at],
+        "at": [at_budget(recipe, budget, reps) for budget in at],
         "seconds_per_100k_env_steps": float(np.median(seconds_per_100k)),
         "test_episodes_per_eval": None if np.isnan(test_episodes) else int(test_episodes),
         "curve": {"env_steps": [int(s) for s in steps], "iqm": [float(v) for v in curve],

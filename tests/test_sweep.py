@@ -310,6 +310,24 @@ def test_iqm_at_an_earlier_budget_reads_the_last_evaluation_before_it(tmp_path):
     assert "runs too short" in plot.markdown_table([summary])
 
 
+def test_iqm_at_a_budget_reads_each_seed_when_seeds_need_different_epoch_counts(tmp_path):
+    # episodes that end early make epochs uneven: seed 0 reaches 30k in 3 epochs, seed 1 needs 4 epochs of
+    # ~7.5k; the epoch-aligned curve stops at 3 epochs (mean 26k), but both seeds were given 30k
+    for seed, (success, steps) in enumerate([([0.1, 0.5, 0.8], [10_000, 20_000, 30_000]),
+                                             ([0.1, 0.2, 0.3, 0.6], [7_600, 15_100, 22_600, 29_950])]):
+        fake_run(tmp_path / f"seed{seed}", seed, success)
+        rows = [line.split(",") for line in (tmp_path / f"seed{seed}/progress.csv").read_text().splitlines()]
+        rows = rows[:1] + [row[:1] + [str(n)] + row[2:] for row, n in zip(rows[1:], steps)]
+        (tmp_path / f"seed{seed}/progress.csv").write_text("\n".join(",".join(row) for row in rows) + "\n")
+    (recipe,) = plot.group(plot.find_runs([tmp_path]))
+    summary = plot.summarise(recipe, reps=500, at=(30_000, 20_000))
+    assert summary["budget_env_steps"] < 0.99 * 30_000  # the aligned curve falls short of the budget
+    at = {a["budget_env_steps"]: a for a in summary["at"]}
+    assert at[30_000]["iqm_success"] == pytest.approx(0.7)  # seeds' last evaluations: 0.8 and 0.6
+    assert at[30_000]["env_steps"] == 29_975
+    assert at[20_000]["iqm_success"] == pytest.approx(0.35)  # 0.5 at 20k and 0.2 at 15.1k (22.6k is after)
+
+
 @pytest.mark.parametrize("text, steps", [("300000", 300_000), ("300_000", 300_000), ("300k", 300_000),
                                          ("1.5M", 1_500_000), ("2m", 2_000_000)])
 def test_env_step_budgets_parse_with_suffixes(text, steps):
