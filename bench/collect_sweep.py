@@ -6,6 +6,8 @@ Copies every run's progress.csv, config.yaml, provenance.yaml, sweep.json and fi
 from the sweep directory to bench/results/runs/<name>/<recipe>/seed<s>/, then writes the
 aggregate curves and table with ``python -m her_mpi.plot``: bench/results/<name>.png, .md and
 .json. Runs still going are included with the epochs they have; run it again as they finish.
+A finished run stored earlier whose run directory is gone from the sweep (runs/ did not survive a
+session, or the run was parked) is kept, and said so; ``--drop-missing`` removes it.
 """
 
 from __future__ import annotations
@@ -36,6 +38,27 @@ def copy_runs(sweep: Path, destination: Path, finished_only: bool = False) -> in
     return copied
 
 
+def refresh(destination: Path, sweeps: list[Path], finished_only: bool, drop_missing: bool = False) -> int:
+    """Replace destination's stored runs with the sweeps' runs, keeping finished runs whose source is gone."""
+    kept = {}
+    if not drop_missing and destination.is_dir():
+        by_sweep = {sweep.name: sweep for sweep in sweeps}
+        for finished in sorted(destination.rglob("finished.json")):
+            stored = finished.parent.relative_to(destination)
+            sweep = by_sweep.get(stored.parts[0])
+            if sweep is not None and not (sweep / Path(*stored.parts[1:]) / "progress.csv").is_file():
+                kept[stored] = {name: (finished.parent / name).read_bytes() for name in KEPT
+                                if (finished.parent / name).is_file()}
+    shutil.rmtree(destination, ignore_errors=True)  # runs left out this time must not linger
+    copied = sum(copy_runs(sweep, destination / sweep.name, finished_only) for sweep in sweeps)
+    for stored, files in kept.items():
+        (destination / stored).mkdir(parents=True)
+        for name, content in files.items():
+            (destination / stored / name).write_bytes(content)
+        print(f"kept {stored}: finished, stored earlier, no longer under its sweep directory (--drop-missing removes it)")
+    return copied + len(kept)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweeps", nargs="+", type=Path, help="sweep directories (python -m her_mpi.sweep --out)")
@@ -45,11 +68,15 @@ def main() -> int:
                         help="only runs that reached their budget (a run still at 20k would cut its recipe's curve there)")
     parser.add_argument("--at", action="append", default=[], metavar="STEPS",
                         help="also report the IQM at this many env steps (python -m her_mpi.plot --at; repeatable)")
+    parser.add_argument("--drop-missing", action="store_true",
+                        help="also drop finished runs stored earlier whose run directory is gone from the sweep")
     args = parser.parse_args()
+    for sweep in args.sweeps:
+        if not sweep.is_dir():
+            parser.error(f"{str(sweep)!r}: expected a sweep directory (python -m her_mpi.sweep --out)")
     destination = RESULTS / "runs" / args.name
-    shutil.rmtree(destination, ignore_errors=True)  # runs left out this time must not linger
-    copied = sum(copy_runs(sweep, destination / sweep.name, args.finished_only) for sweep in args.sweeps)
-    print(f"copied {copied} run(s) to {destination.relative_to(ROOT)}")
+    copied = refresh(destination, args.sweeps, args.finished_only, args.drop_missing)
+    print(f"{copied} run(s) in {destination.relative_to(ROOT)}")
     return subprocess.call([sys.executable, "-m", "her_mpi.plot", str(destination), "-o",
                             str(RESULTS / f"{args.name}.png"), "--table", str(RESULTS / args.name),
                             "--title", args.title or args.name, *[f"--at={a}" for a in args.at]], cwd=ROOT)

@@ -4,10 +4,12 @@ seeds (IQM with a stratified bootstrap interval, steps to a threshold)."""
 import argparse
 import csv
 import json
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -363,3 +365,25 @@ def test_plot_names_a_directory_without_runs(tmp_path):
     result = subprocess.run([sys.executable, "-m", "her_mpi.plot", str(tmp_path)], capture_output=True,
                             text=True, env=mpi_env(), cwd=ROOT, timeout=120)
     assert result.returncode != 0 and "no runs under" in result.stderr
+
+
+def test_collecting_a_sweep_again_keeps_finished_runs_whose_directory_is_gone(tmp_path, capsys):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("collect_sweep", Path(__file__).parents[1] / "bench/collect_sweep.py")
+    collect_sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(collect_sweep)
+    sweep, stored = tmp_path / "sweeps/pacman", tmp_path / "results/pacman"
+    for seed in (0, 1):
+        fake_run(sweep / "recipe" / f"seed{seed}", seed, [0.1, 0.2])
+        (sweep / "recipe" / f"seed{seed}/finished.json").write_text("{}")
+    fake_run(sweep / "recipe/seed2", 2, [0.1])  # still training
+    assert collect_sweep.refresh(stored, [sweep], finished_only=True) == 2
+    shutil.rmtree(sweep / "recipe/seed0")  # e.g. runs/ lost with the session
+    (sweep / "recipe/seed1/progress.csv").write_text((sweep / "recipe/seed1/progress.csv").read_text() + "2,30000,15000,2,0.9,0,90,50\n")
+    assert collect_sweep.refresh(stored, [sweep], finished_only=True) == 2
+    assert "kept pacman/recipe/seed0" in capsys.readouterr().out
+    assert (stored / "pacman/recipe/seed0/progress.csv").read_text().count("\n") == 3  # header + 2 epochs, as stored
+    assert (stored / "pacman/recipe/seed1/progress.csv").read_text().endswith(",0.9,0,90,50\n")  # refreshed
+    assert not (stored / "pacman/recipe/seed2").exists()
+    assert collect_sweep.refresh(stored, [sweep], finished_only=True, drop_missing=True) == 1
+    assert not (stored / "pacman/recipe/seed0").exists()
