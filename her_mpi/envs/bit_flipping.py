@@ -13,8 +13,10 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
+from her_mpi.envs.exact_goal import ExactGoal
 
-class BitFlippingEnv(gym.Env):
+
+class BitFlippingEnv(ExactGoal, gym.Env):
     metadata = {"render_modes": []}
 
     STARTS = ("random", "zeros")
@@ -60,14 +62,3 @@ class BitFlippingEnv(gym.Env):
         success = bool(np.array_equal(self.state, self.goal))
         reward = float(self.compute_reward(self.state, self.goal, None))
         return self._obs(), reward, success, self.steps >= self.horizon and not success, {"is_success": float(success)}
-
-    @staticmethod
-    def compute_reward(achieved_goal, desired_goal, info):
-        return -np.any(np.asarray(achieved_goal) != np.asarray(desired_goal), axis=-1).astype(np.float32)
-
-    @staticmethod
-    def compute_terminated(achieved_goal, desired_goal, info):
-        return np.all(np.asarray(achieved_goal) == np.asarray(desired_goal), axis=-1)
-
-    def compute_success(self, achieved_goal, desired_goal):
-        return self.compute_terminated(achieved_goal, desired_goal, None).astype(np.float32)

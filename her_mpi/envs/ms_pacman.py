@@ -27,6 +27,8 @@ from collections import deque
 import gymnasium as gym
 import numpy as np
 
+from her_mpi.envs.exact_goal import ExactGoal
+
 FRAMESKIP = 13
 STACK = 4
 STACK_EVERY = 4  # raw frames between stacked frames within a step
@@ -100,7 +102,7 @@ def make_ale(seed: int = 0):
     return ale, actions, Action.NOOP
 
 
-class MsPacmanGoalEnv(gym.Env):
+class MsPacmanGoalEnv(ExactGoal, gym.Env):
     metadata = {"render_modes": ["rgb_array"]}
     timeout_reward = 0.0
 
@@ -180,17 +182,6 @@ class MsPacmanGoalEnv(gym.Env):
 
     def render(self):
         return self.ale.getScreenRGB()
-
-    @staticmethod
-    def compute_reward(achieved_goal, desired_goal, info):
-        return -np.any(np.asarray(achieved_goal) != np.asarray(desired_goal), axis=-1).astype(np.float32)
-
-    @staticmethod
-    def compute_terminated(achieved_goal, desired_goal, info):
-        return np.all(np.asarray(achieved_goal) == np.asarray(desired_goal), axis=-1)
-
-    def compute_success(self, achieved_goal, desired_goal):
-        return self.compute_terminated(achieved_goal, desired_goal, None).astype(np.float32)
 
 
 def derive_reachable_cells() -> np.ndarray:
