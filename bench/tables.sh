@@ -21,6 +21,7 @@
 #     bench/tables.sh ms_pacman       # HTRPO and DQN+HER on MsPacmanGoal, 2M steps (issue 13)
 #     bench/tables.sh ms_pacman_htrpo_levers  # ... HTRPO levers screened on seed 0 to 500k (LEVERS=..., MAX_STEPS=...)
 #     bench/tables.sh hpg_screen      # HPG's step size and batch on 8 bits, seed 0; htrpo_vs_hpg: HTRPO vs HPG, seeds 1-3
+#     bench/tables.sh htrpo_reach     # HTRPO on continuous FetchReach, seeds 1-3 (the recipe was tuned on seed 0)
 #     bench/tables.sh htrpo_ablations # HTRPO without QKL / goal filtering / weighted IS / sparse reward / hindsight, 8 bits
 #     bench/tables.sh htrpo_bits      # HTRPO on 16 and 32 bits from all-zero bits, seeds 0-2 (issue 13)
 #     bench/tables.sh htrpo_bits32    # HTRPO 32 bits with 100 filtered hindsight goals, seeds 1-3 (issue 13)
@@ -184,14 +185,21 @@ hpg_screen)  # issue 13: HPG (plain gradient step on HTRPO's hindsight objective
             --set algo.gae_lambda=0.95 --set "algo.lr_actor=$lr" --set "train.rollouts_per_rank=$per_rank" \
             --set "train.n_cycles=$((160 / per_rank))" --set "train.n_epochs=${EPOCHS:-30}"
     done; done
-    # then the recipe it gave (bitflip_8_hpg) with an entropy bonus: its policy's entropy falls to ~0.4 nats
+    # then an entropy bonus (now in bitflip_8_hpg: 0.03; without it the policy's entropy falls to ~0.4 nats)
     for coef in ${ENTROPY:-0.01 0.03}; do
         sweep "hpg_screen/entropy$coef" --config bitflip_8_hpg --seeds 0 --set "algo.entropy_coef=$coef" \
             --set algo.entropy_weighting=uniform --set "train.n_epochs=${EPOCHS:-30}"
     done ;;
 htrpo_vs_hpg)  # issue 13: the HTRPO paper's baseline comparison on 8 bits at equal env steps, seeds 1-3 (both
-    # recipes were set on seed 0)
-    sweep htrpo_vs_hpg --config bitflip_8_htrpo --config bitflip_8_hpg --seeds "${SEEDS:-1-3}" --set train.n_epochs=30 ;;
+    # recipes were set on seed 0); HPG without its entropy bonus, and HTRPO with HPG's bonus
+    sweep htrpo_vs_hpg --config bitflip_8_htrpo --config bitflip_8_hpg --seeds "${SEEDS:-1-3}" --set train.n_epochs=30
+    sweep hpg_no_bonus --config bitflip_8_hpg --seeds "${SEEDS:-1-3}" --set algo.entropy_coef=0 \
+        --set algo.entropy_weighting=surrogate --set train.n_epochs=30
+    sweep htrpo_bonus --config bitflip_8_htrpo --seeds "${SEEDS:-1-3}" --set algo.entropy_coef=0.03 \
+        --set algo.entropy_weighting=uniform --set train.n_epochs=30 ;;
+htrpo_reach)  # issue 13: HTRPO on continuous FetchReach (the paper's Table 1: 100%), fetch_reach_htrpo at its 15 epochs,
+    # seeds 1-3 (tuned on seed 0)
+    sweep htrpo_reach --config fetch_reach_htrpo --seeds "${SEEDS:-1-3}" ;;
 htrpo_ablations)  # issue 13: the HTRPO paper's ablations (its Figure 5) on bitflip_8_htrpo, one switch each, seeds 1-3,
     # 30 epochs; the recipe itself is htrpo_vs_hpg's row
     declare -A switch=([kl_analytic]="algo.kl=analytic" [kl_logratio]="algo.kl=logratio" [no_goal_filtering]="algo.goal_filtering=false"
@@ -231,6 +239,6 @@ predator_prey_static)  # control for PPO-HER's early peak on a moving prey: the 
     sweep predator_prey_static/D2_S10_R1.0 --config predator_prey_ppo_her --config predator_prey_ppo --seeds 0-1 \
         --set "env.kwargs={dims: 2, arena_size: 10.0, interception_distance: 1.0, prey_mode: static}" ;;
 *)
-    echo "usage: bench/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|push_td3_diag|push_sac_diag|other_tasks|htrpo_discrete|htrpo_reach_discrete|htrpo_reach_entropy|htrpo_push_discrete|htrpo_push|ms_pacman|ms_pacman_htrpo_levers|hpg_screen|htrpo_vs_hpg|htrpo_ablations|htrpo_reach_fast|htrpo_bits|htrpo_bits32|bitflip_dqn|predator_prey|predator_prey_sac|predator_prey_shift|predator_prey_shift_clip|predator_prey_static" >&2
+    echo "usage: bench/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|push_td3_diag|push_sac_diag|other_tasks|htrpo_discrete|htrpo_reach_discrete|htrpo_reach_entropy|htrpo_push_discrete|htrpo_push|ms_pacman|ms_pacman_htrpo_levers|hpg_screen|htrpo_vs_hpg|htrpo_ablations|htrpo_reach|htrpo_reach_fast|htrpo_bits|htrpo_bits32|bitflip_dqn|predator_prey|predator_prey_sac|predator_prey_shift|predator_prey_shift_clip|predator_prey_static" >&2
     exit 2 ;;
 esac
