@@ -179,7 +179,8 @@ ms_pacman_htrpo_levers)  # issue 13: levers on ms_pacman_goal_htrpo (0.506 / 0.3
             --set "train.max_env_steps=${MAX_STEPS:-500000}"
     done; done ;;
 hpg_screen)  # issue 13: HPG (plain gradient step on HTRPO's hindsight objective) on 8 bits, seed 0, 30 epochs of
-    # ~2.5k steps: Adam step size x episodes per iteration (one step per iteration, so smaller batches take more)
+    # ~2.5k steps: Adam step size x episodes per iteration (one step per iteration, so smaller batches take more);
+    # the 8-episode runs were then trained on to 60 epochs (PER_RANK=4 EPOCHS=60)
     for lr in ${LRS-1e-3 3e-3}; do for per_rank in ${PER_RANK:-4 8}; do  # LRS= (empty) skips to the entropy runs
         sweep "hpg_screen/lr${lr}_ep$((2 * per_rank))" --config bitflip_8_htrpo --seeds 0 --set algo=hpg --set algo.n_goals=32 \
             --set algo.gae_lambda=0.95 --set "algo.lr_actor=$lr" --set "train.rollouts_per_rank=$per_rank" \
@@ -190,7 +191,7 @@ hpg_screen)  # issue 13: HPG (plain gradient step on HTRPO's hindsight objective
         sweep "hpg_screen/entropy$coef" --config bitflip_8_hpg --seeds 0 --set "algo.entropy_coef=$coef" \
             --set algo.entropy_weighting=uniform --set "train.n_epochs=${EPOCHS:-30}"
     done ;;
-htrpo_vs_hpg)  # issue 13: the HTRPO paper's baseline comparison on 8 bits at equal env steps, seeds 1-3 (both
+htrpo_vs_hpg)  # issue 13: the HTRPO paper's baseline comparison on 8 bits (read at equal env steps: --at), seeds 1-3 (both
     # recipes were set on seed 0); HPG without its entropy bonus, and HTRPO with HPG's bonus
     sweep htrpo_vs_hpg --config bitflip_8_htrpo --config bitflip_8_hpg --seeds "${SEEDS:-1-3}" --set train.n_epochs=30
     sweep hpg_no_bonus --config bitflip_8_hpg --seeds "${SEEDS:-1-3}" --set algo.entropy_coef=0 \
