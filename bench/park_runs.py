@@ -66,7 +66,8 @@ def park(sweeps: list[Path]) -> int:
 def unpark() -> int:
     for parked in runs_with_checkpoints(PARKED):
         target = SWEEPS / parked.relative_to(PARKED)
-        if epochs_done(target) >= epochs_done(parked):
+        # a run killed inside its first epoch has a checkpoint but no progress row: compare checkpoints too
+        if (target / CHECKPOINT).is_file() and epochs_done(target) >= epochs_done(parked):
             print(f"kept {target.relative_to(ROOT)} (epoch {epochs_done(target)}; parked: {epochs_done(parked)})")
             continue
         copy_run(parked, target)
