@@ -1,6 +1,6 @@
 """Keep a sweep's raw results in the repository and aggregate them.
 
-    python bench/collect_sweep.py runs/sweeps/push300k --name fetch_push_300k [--title ...] [--at 300k]
+    python bench/collect_sweep.py runs/sweeps/push300k --name fetch_push_300k [--title ...] [--at 300k] [--recipe NAME]
 
 Copies every run's progress.csv, config.yaml, provenance.yaml, sweep.json and finished.json (small files; no checkpoints)
 from the sweep directory to bench/results/runs/<name>/<recipe>/seed<s>/, then writes the
@@ -23,11 +23,13 @@ RESULTS = ROOT / "bench" / "results"
 KEPT = ("progress.csv", "config.yaml", "provenance.yaml", "finished.json", "resumes.yaml", "sweep.json")
 
 
-def copy_runs(sweep: Path, destination: Path, finished_only: bool = False) -> int:
+def copy_runs(sweep: Path, destination: Path, finished_only: bool = False, recipes: set[str] | None = None) -> int:
     copied = 0
     for progress in sorted(sweep.rglob("progress.csv")):
         run = progress.parent
         if finished_only and not (run / "finished.json").is_file():
+            continue
+        if recipes and run.relative_to(sweep).parts[0] not in recipes:
             continue
         target = destination / run.relative_to(sweep)
         target.mkdir(parents=True, exist_ok=True)
@@ -38,7 +40,8 @@ def copy_runs(sweep: Path, destination: Path, finished_only: bool = False) -> in
     return copied
 
 
-def refresh(destination: Path, sweeps: list[Path], finished_only: bool, drop_missing: bool = False) -> int:
+def refresh(destination: Path, sweeps: list[Path], finished_only: bool, drop_missing: bool = False,
+            recipes: set[str] | None = None) -> int:
     """Replace destination's stored runs with the sweeps' runs, keeping finished runs whose source is gone."""
     kept = {}
     if not drop_missing and destination.is_dir():
@@ -46,11 +49,13 @@ def refresh(destination: Path, sweeps: list[Path], finished_only: bool, drop_mis
         for finished in sorted(destination.rglob("finished.json")):
             stored = finished.parent.relative_to(destination)
             sweep = by_sweep.get(stored.parts[0])
+            if recipes and stored.parts[1] not in recipes:
+                continue
             if sweep is not None and not (sweep / Path(*stored.parts[1:]) / "progress.csv").is_file():
                 kept[stored] = {name: (finished.parent / name).read_bytes() for name in KEPT
                                 if (finished.parent / name).is_file()}
     shutil.rmtree(destination, ignore_errors=True)  # runs left out this time must not linger
-    copied = sum(copy_runs(sweep, destination / sweep.name, finished_only) for sweep in sweeps)
+    copied = sum(copy_runs(sweep, destination / sweep.name, finished_only, recipes) for sweep in sweeps)
     for stored, files in kept.items():
         (destination / stored).mkdir(parents=True)
         for name, content in files.items():
@@ -70,12 +75,19 @@ def main() -> int:
                         help="also report the IQM at this many env steps (python -m her_mpi.plot --at; repeatable)")
     parser.add_argument("--drop-missing", action="store_true",
                         help="also drop finished runs stored earlier whose run directory is gone from the sweep")
+    parser.add_argument("--recipe", action="append", default=[], metavar="NAME",
+                        help="only these recipes' runs (the directory below the sweep: a sweep shared by several "
+                             "tables; repeatable)")
     args = parser.parse_args()
     for sweep in args.sweeps:
         if not sweep.is_dir():
             parser.error(f"{str(sweep)!r}: expected a sweep directory (python -m her_mpi.sweep --out)")
+    recipes = set(args.recipe)
+    present = {run.parent.relative_to(sweep).parts[0] for sweep in args.sweeps for run in sweep.rglob("progress.csv")}
+    if recipes - present:
+        parser.error(f"--recipe {sorted(recipes - present)}: no such runs under the sweeps; they hold {sorted(present)}")
     destination = RESULTS / "runs" / args.name
-    copied = refresh(destination, args.sweeps, args.finished_only, args.drop_missing)
+    copied = refresh(destination, args.sweeps, args.finished_only, args.drop_missing, recipes or None)
     print(f"{copied} run(s) in {destination.relative_to(ROOT)}")
     return subprocess.call([sys.executable, "-m", "her_mpi.plot", str(destination), "-o",
                             str(RESULTS / f"{args.name}.png"), "--table", str(RESULTS / args.name),

@@ -387,3 +387,7 @@ def test_collecting_a_sweep_again_keeps_finished_runs_whose_directory_is_gone(tm
     assert not (stored / "pacman/recipe/seed2").exists()
     assert collect_sweep.refresh(stored, [sweep], finished_only=True, drop_missing=True) == 1
     assert not (stored / "pacman/recipe/seed0").exists()
+    fake_run(sweep / "other/seed0", 0, [0.3])  # a second recipe in the same sweep, left out by --recipe
+    (sweep / "other/seed0/finished.json").write_text("{}")
+    assert collect_sweep.refresh(stored, [sweep], finished_only=True, recipes={"recipe"}) == 1
+    assert not (stored / "pacman/other").exists()
