@@ -126,7 +126,7 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.set_facecolor("#444444")  # walls and unreachable cells
         ax.imshow(np.ma.masked_invalid(grid), cmap=colours, vmin=0, vmax=1)
         ax.plot(row["start_cell"][1], row["start_cell"][0], "w*", markersize=10)
-        ax.set_title(f"{row['recipe']} seed {row['seed']}\n{row['solved']}/{row['goals']} goals "
+        ax.set_title(f"{row.get('label') or row['recipe']} seed {row['seed']}\n{row['solved']}/{row['goals']} goals "
                      f"({row['success_rate']:.3f})", fontsize=9)
         ax.set_xticks([])
         ax.set_yticks([])
@@ -147,7 +147,7 @@ def main() -> int:
     path = RESULTS / f"{args.name}.json"
     distance = cell_distances()
     played = [play_every_goal(run, args.repeat, distance) for run in run_dirs(args.paths)]
-    rows = merge_rows(path, played, lambda r: (str(r["recipe"]), r["seed"] or 0))
+    rows = merge_rows(path, played, lambda r: (str(r.get("label") or r["recipe"]), r["seed"] or 0))
     lines = ["# MsPacmanGoal: every goal once", "",
              "`python bench/ms_pacman_goals.py <run or sweep dirs>`: each run's latest checkpoint, deterministic,",
              "one episode per goal cell (repeated with other env seeds to check the outcome does not vary).",
@@ -158,7 +158,7 @@ def main() -> int:
              "|---|---|---|---|---|---|" + "---|" * len(DISTANCE_BANDS) + "---|"]
     for r in rows:
         bands = " | ".join(f"{b['success_rate']:.2f} ({b['goals']})" for b in r["by_distance"])
-        lines.append(f"| {r['recipe']} | {r['seed']} | {r['env_steps_trained']:,} | {r['last_test_success']} | "
+        lines.append(f"| {r.get('label') or r['recipe']} | {r['seed']} | {r['env_steps_trained']:,} | {r['last_test_success']} | "
                      f"{r['solved']} / {r['goals']} | **{r['success_rate']:.3f}** | {bands} | "
                      f"{len(r['goals_with_varying_outcome'])} of {r['goals']} ({r['repeat']} runs each) |")
     regions = [by_region(r["per_goal"]) for r in rows]
@@ -167,7 +167,7 @@ def main() -> int:
               "| recipe | seed | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
     for r, row_regions in zip(rows, regions):
         cells = " | ".join(f"{rate:.2f} ({n})" for _, rate, n in row_regions)
-        lines.append(f"| {r['recipe']} | {r['seed']} | {cells} |")
+        lines.append(f"| {r.get('label') or r['recipe']} | {r['seed']} | {cells} |")
     path.with_suffix(".md").write_text("\n".join(lines + [""]))
     plot(rows, path.with_suffix(".png"))
     print("\n".join(lines[6:]))
