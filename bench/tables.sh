@@ -22,6 +22,7 @@
 #     bench/tables.sh ms_pacman_htrpo_levers  # ... HTRPO levers screened on seed 0 to 500k (LEVERS=..., MAX_STEPS=...)
 #     bench/tables.sh hpg_screen      # HPG's step size and batch on 8 bits, seed 0; htrpo_vs_hpg: HTRPO vs HPG, seeds 1-3
 #     bench/tables.sh htrpo_reach     # HTRPO on continuous FetchReach, seeds 1-3 (the recipe was tuned on seed 0)
+#     bench/tables.sh htrpo_reach_hold  # ... with copies that run past their first success (algo.hold_goal)
 #     bench/tables.sh htrpo_ablations # HTRPO without QKL / goal filtering / weighted IS / sparse reward / hindsight, 8 bits
 #     bench/tables.sh htrpo_bits      # HTRPO on 16 and 32 bits from all-zero bits, seeds 0-2 (issue 13)
 #     bench/tables.sh htrpo_bits32    # HTRPO 32 bits with 100 filtered hindsight goals, seeds 1-3 (issue 13)
@@ -201,6 +202,9 @@ htrpo_vs_hpg)  # issue 13: the HTRPO paper's baseline comparison on 8 bits (read
 htrpo_reach)  # issue 13: HTRPO on continuous FetchReach (the paper's Table 1: 100%), fetch_reach_htrpo at its 15 epochs,
     # seeds 1-3 (tuned on seed 0)
     sweep htrpo_reach --config fetch_reach_htrpo --seeds "${SEEDS:-1-3}" ;;
+htrpo_reach_hold)  # issue 13: ... with copies that run past their first success (algo.hold_goal): the recipe reaches every
+    # goal and drifts off before the last step, which is what FetchReach judges. Screened on seed 0 (SEEDS=0), then 1-3
+    sweep htrpo_reach_hold --config fetch_reach_htrpo --seeds "${SEEDS:-1-3}" --set algo.hold_goal=true "${cap[@]}" ;;
 htrpo_ablations)  # issue 13: the HTRPO paper's ablations (its Figure 5) on bitflip_8_htrpo, one switch each, seeds 1-3,
     # 30 epochs; the recipe itself is htrpo_vs_hpg's row
     declare -A switch=([kl_analytic]="algo.kl=analytic" [kl_logratio]="algo.kl=logratio" [no_goal_filtering]="algo.goal_filtering=false"

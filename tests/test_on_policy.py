@@ -106,6 +106,33 @@ def test_relabelled_copies_end_at_their_first_success():
     assert data.terminal[1, 1] and data.mask[1].tolist() == [True, True, False, False]
 
 
+def test_held_copies_run_the_whole_episode_and_mark_every_step_at_the_goal():
+    env = PredatorPreyEnv(dims=1, interception_distance=0.5)
+    ag = np.array([[[0.0], [1.0], [2.0], [1.0], [2.0]], [[0.0], [1.0], [2.0], [0.0], [0.0]]], np.float32)
+    episodes = episodes_from(ag, np.array([9.0], np.float32), lengths=[4, 3])  # episode 1 ended by its env
+    goals = np.array([[[2.0]] * 5] * 2, np.float32)
+    data = relabel(episodes, np.array([0, 1]), goals, env.compute_success, end_at_success=False)
+    np.testing.assert_array_equal(data.length, [4, 3])  # past the success after step 2 (t = 1)
+    assert data.success[0].tolist() == [False, True, False, True]  # there again after step 4 (t = 3)
+    assert data.success[1].tolist() == [False, True, False, False]
+    assert not data.terminal[0].any()  # truncated at the horizon: bootstrapped
+    assert data.terminal[1].tolist() == [False, False, True, False]  # the env ended it: no bootstrap
+    first = relabel(episodes, np.array([0, 1]), goals, env.compute_success)
+    np.testing.assert_array_equal(first.length, [2, 2])
+    np.testing.assert_array_equal(first.success, first.terminal)  # ending at the success, the two agree
+
+
+def test_htrpo_holding_the_goal_pays_the_sparse_reward_at_every_step_there():
+    ag = np.array([[[0.0], [1.0], [2.0], [1.0], [2.0]]], np.float32)  # at 2 after steps 2 and 4
+    rewards = {}
+    for hold in (False, True):
+        agent, _ = predator_prey_agent("htrpo", "algo.original_goals=false", f"algo.hold_goal={hold}")
+        batch, data = agent.build_batch(predator_prey_episodes(ag, 9.0), np.array([[2.0]], np.float32))
+        rewards[hold] = batch["rewards"].tolist()
+    assert rewards[False] == [0.0, 3.0]  # T - t at the first success (T = 4, t = 1), then the copy ends
+    assert rewards[True] == [0.0, 3.0, 0.0, 1.0]  # and at t = 3 too: staying at the goal pays
+
+
 def test_gae_bootstraps_truncated_copies_and_stops_at_terminal_steps():
     env = PredatorPreyEnv(dims=1, interception_distance=0.5)
     ag = np.array([[[0.0], [1.0], [2.0]]], np.float32)

@@ -2,7 +2,9 @@
 
 One iteration: choose hindsight goals from the batch's achieved goals (Hindsight Goal Filtering,
 identical on every rank), rewrite every episode for every goal (each copy ends at its first
-success; sparse reward T - t there, as in the authors' code), weight each step by the
+success; sparse reward T - t there, as in the authors' code; ``hold_goal`` runs copies to the
+episode's end, paying T - t at every step at the goal, for envs judged at their last step: a
+copy cut at its first success never teaches the policy to stay), weight each step by the
 per-decision importance ratio rho_t = prod_k pi(a_k|s_k,g') / pi(a_k|s_k,g) of the collecting
 policy, then
 
@@ -67,6 +69,10 @@ class HindsightParams(OnPolicyParams):
                                          "configs: false)")
     reward: Literal["sparse", "dense"] = setting(
         "sparse", "reward of the rewritten episodes: sparse (T - t at the first success) or dense (-|achieved - goal|)")
+    hold_goal: bool = setting(
+        False, "rewritten episodes run past their first success, the sparse reward T - t paid at every step at the "
+               "goal, so the policy also learns to stay there: for envs that go on after a success and judge the "
+               "last step (continuous Fetch). false: each ends at its first success (the authors' hindsight copies)")
     n_goals: int = setting(100, "hindsight goals per iteration (0: every distinct achieved goal)")
     goal_decimals: int = setting(3, "achieved goals are rounded to this many decimals to find distinct ones")
     critic: bool = setting(True, "learn V(s, g) and take TD/GAE advantages, normalised (false: each row's advantage is "
@@ -172,11 +178,11 @@ def hindsight_goal_filtering(achieved: np.ndarray, original: np.ndarray, n_goals
 def without_instant_successes(data: Relabelled, first: int) -> Relabelled:
     """``data`` without the copies from index ``first`` on whose goal the first step reaches: their one
     action earns the full reward whatever it was (e.g. an untouched object's own start position)."""
-    instant = data.terminal[:, 0].copy()
+    instant = data.success[:, 0].copy()
     instant[:first] = False
     keep = ~instant[:, None]
     return Relabelled(data.source, data.goals, data.mask & keep, data.terminal & keep,
-                      np.where(instant, 0, data.length))
+                      np.where(instant, 0, data.length), data.success & keep)
 
 
 def effective_sample_size(weights: torch.Tensor) -> float:
@@ -229,7 +235,7 @@ class HindsightAgent(OnPolicyAgent):
             ag_next = episodes.ag[data.source[copy], t + 1]
             return -np.linalg.norm(ag_next - data.goals[copy, t + 1], axis=-1).astype(np.float32)
         horizon = episodes.actions.shape[1]
-        return np.where(data.terminal[copy, t], horizon - t, 0).astype(np.float32)
+        return np.where(data.success[copy, t], horizon - t, 0).astype(np.float32)
 
     def build_batch(self, episodes: Episodes, goals: np.ndarray) -> tuple[dict[str, torch.Tensor], Relabelled]:
         """Rows of the original episodes and of every episode under every goal, with the
@@ -241,7 +247,7 @@ class HindsightAgent(OnPolicyAgent):
         n_original = n if p.original_goals else 0
         source = np.concatenate([np.arange(n_original), hindsight_source])
         all_goals = np.concatenate([episodes.g[:n_original], goal_rows])
-        data = relabel(episodes, source, all_goals, self.goal_fns.success)
+        data = relabel(episodes, source, all_goals, self.goal_fns.success, end_at_success=not p.hold_goal)
         if p.drop_instant_successes:
             data = without_instant_successes(data, first=n_original)
         batch = self.row_tensors(episodes, data, next_inputs=False)  # learn() rebuilds the inputs
@@ -319,7 +325,7 @@ class HindsightAgent(OnPolicyAgent):
         with torch.no_grad():
             entropy = float(self.policy_net.entropy(batch["x"][:1024]).mean())
         # how many relabelled copies carry a reward (the sparse signal), and how many rows carry the estimate
-        reached = global_sum(float(data.terminal.any(axis=1).sum()))[0]  # dropped copies have none
+        reached = global_sum(float(data.success.any(axis=1).sum()))[0]  # dropped copies have none
         metrics.update(n_goals=float(len(goals)), rows=float(n_rows), entropy=entropy, copies_reached=reached,
                        ess=effective_sample_size(batch["hindsight_weights"]))
         self.n_iterations += 1

@@ -81,27 +81,37 @@ class Relabelled:
     source: np.ndarray  # [M] episode each copy comes from
     goals: np.ndarray  # [M, T+1, goal_dim]
     mask: np.ndarray  # [M, T] the step exists under this goal
-    terminal: np.ndarray  # [M, T] the goal is reached at this step (the copy ends here)
+    terminal: np.ndarray  # [M, T] the copy ends here and does not continue (no bootstrap)
     length: np.ndarray  # [M] steps under this goal
+    success: np.ndarray = None  # [M, T] the achieved goal after this step reaches the goal (within the copy)
     rows: tuple[np.ndarray, np.ndarray] = None  # (copy, t) of the valid rows
 
     def __post_init__(self):
         self.rows = np.nonzero(self.mask)
 
 
-def relabel(episodes: Episodes, source: np.ndarray, goals: np.ndarray, success_fn) -> Relabelled:
+def relabel(episodes: Episodes, source: np.ndarray, goals: np.ndarray, success_fn,
+            end_at_success: bool = True) -> Relabelled:
     """Rewrite episodes ``source`` for goal sequences ``goals`` [M, T+1, goal_dim]: each copy
-    ends at its first success (achieved goal after step t reaching the goal at t+1)."""
+    ends at its first success (achieved goal after step t reaching the goal at t+1), or with
+    ``end_at_success=False`` runs the whole episode (for envs that go on after a success and
+    judge the last step: the policy must also learn to stay at the goal); then only an
+    episode that ended before the horizon (the env terminated it) ends in a terminal step."""
     M, T = len(source), episodes.actions.shape[1]
     ag_next, goal_next = episodes.ag[source, 1:], goals[:, 1:]
     success = success_fn(ag_next.reshape(M * T, -1), goal_next.reshape(M * T, -1)).reshape(M, T) > 0
     steps = np.arange(T)[None, :]
-    success &= steps < episodes.lengths[source][:, None]
-    reached = success.any(axis=1)
-    length = np.where(reached, success.argmax(axis=1) + 1, episodes.lengths[source])
+    lengths = episodes.lengths[source]
+    success &= steps < lengths[:, None]
+    if end_at_success:
+        reached = success.any(axis=1)
+        length = np.where(reached, success.argmax(axis=1) + 1, lengths)
+        ended = reached
+    else:
+        length, ended = lengths, lengths < T
     mask = steps < length[:, None]
-    terminal = reached[:, None] & (steps == length[:, None] - 1)
-    return Relabelled(source, goals, mask, terminal, length)
+    terminal = ended[:, None] & (steps == length[:, None] - 1)
+    return Relabelled(source, goals, mask, terminal, length, success & mask)
 
 
 def gae(data: Relabelled, rewards, values, next_values, gamma: float, lam: float) -> np.ndarray:
