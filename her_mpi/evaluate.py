@@ -1,7 +1,8 @@
 """``python -m her_mpi.evaluate --policy policy.onnx --episodes 100`` (or ``--checkpoint``)
 
 Runs the deterministic policy in simulation and prints JSON with the success rate (the env's
-``is_success`` at the last step) and the mean return. The env and its parameters come from the
+``is_success`` at the last step), the reached rate (the goal reached after any step: above the
+success rate, the policy reaches goals and leaves them) and the mean return. The env and its parameters come from the
 policy's training config; ``--env`` overrides the id. The same ``--seed`` gives the same episodes,
 so an exported policy and its checkpoint can be compared directly.
 
@@ -20,6 +21,7 @@ import sys
 import numpy as np
 
 from her_mpi.config import ConfigError, EnvConfig
+from her_mpi.envs import compute_success
 from her_mpi.video import (EpisodeSummary, RenderEnv, check_encoder, check_frame_size, episode_frames,
                            natural_fps, select_gl_backend, video_format, write_video)
 
@@ -57,6 +59,14 @@ def env_config_from_training(training_config: dict, env_id: str | None = None, *
     section = training_config.get("env", {})
     return EnvConfig(id=env_id or section.get("id", ""), kwargs={**section.get("kwargs", {}), **kwargs},
                      max_episode_steps=section.get("max_episode_steps"))
+
+
+def reached_goal(episodes, success_fn) -> np.ndarray:
+    """Per episode, whether its achieved goal reached the goal after some step. Success judges
+    the last step (Fetch, Hand): a policy that reaches the goal and leaves it fails there."""
+    n, T = episodes.actions.shape[:2]
+    at_goal = success_fn(episodes.ag[:, 1:].reshape(n * T, -1), episodes.g[:, 1:].reshape(n * T, -1)).reshape(n, T)
+    return ((at_goal > 0) & (np.arange(T)[None, :] < episodes.lengths[:, None])).any(axis=1)
 
 
 def main(argv=None) -> int:
@@ -105,11 +115,13 @@ def main(argv=None) -> int:
         return render_video(args, worker, act, description, env_cfg.id)
     try:
         episodes = worker.generate(act, args.episodes, env_units=True)
+        reached = reached_goal(episodes, lambda ag, g: compute_success(worker.envs[0], ag, g))
     finally:
         worker.close()
     print(json.dumps({
         "policy": description, "env_id": env_cfg.id, "episodes": args.episodes, "seed": args.seed,
         "success_rate": float(episodes.success.mean()),
+        "reached_rate": float(reached.mean()),
         "mean_return": float(episodes.rewards.sum(axis=1).mean()),
         "mean_length": float(episodes.lengths.mean()),
     }))

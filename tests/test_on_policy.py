@@ -133,6 +133,15 @@ def test_htrpo_holding_the_goal_pays_the_sparse_reward_at_every_step_there():
     assert rewards[True] == [0.0, 3.0, 0.0, 1.0]  # and at t = 3 too: staying at the goal pays
 
 
+def test_evaluation_counts_a_goal_reached_and_left_as_reached_not_as_success():
+    from her_mpi.evaluate import reached_goal
+
+    env = PredatorPreyEnv(dims=1, interception_distance=0.5)
+    ag = np.array([[[0.0], [2.0], [1.0]], [[0.0], [1.0], [1.0]], [[0.0], [0.0], [2.0]]], np.float32)
+    episodes = episodes_from(ag, np.array([2.0], np.float32), lengths=[2, 2, 1])  # episode 2 ended after step 1
+    np.testing.assert_array_equal(reached_goal(episodes, env.compute_success), [True, False, False])
+
+
 def test_gae_bootstraps_truncated_copies_and_stops_at_terminal_steps():
     env = PredatorPreyEnv(dims=1, interception_distance=0.5)
     ag = np.array([[[0.0], [1.0], [2.0]]], np.float32)
