@@ -23,6 +23,7 @@
 #     bench/tables.sh hpg_screen      # HPG's step size and batch on 8 bits, seed 0; htrpo_vs_hpg: HTRPO vs HPG, seeds 1-3
 #     bench/tables.sh htrpo_reach     # HTRPO on continuous FetchReach, seeds 1-3 (the recipe was tuned on seed 0)
 #     bench/tables.sh htrpo_reach_hold  # ... with copies that run past their first success (algo.hold_goal)
+#     bench/tables.sh htrpo_push_hold_ft  # the parked continuous-FetchPush HTRPO run trained on with algo.hold_goal
 #     bench/tables.sh htrpo_ablations # HTRPO without QKL / goal filtering / weighted IS / sparse reward / hindsight, 8 bits
 #     bench/tables.sh htrpo_bits      # HTRPO on 16 and 32 bits from all-zero bits, seeds 0-2 (issue 13)
 #     bench/tables.sh htrpo_bits32    # HTRPO 32 bits with 100 filtered hindsight goals, seeds 1-3 (issue 13)
@@ -205,6 +206,16 @@ htrpo_reach)  # issue 13: HTRPO on continuous FetchReach (the paper's Table 1: 1
 htrpo_reach_hold)  # issue 13: ... with copies that run past their first success (algo.hold_goal): the recipe reaches every
     # goal and drifts off before the last step, which is what FetchReach judges. Screened on seed 0 (SEEDS=0), then 1-3
     sweep htrpo_reach_hold --config fetch_reach_htrpo --seeds "${SEEDS:-1-3}" --set algo.hold_goal=true "${cap[@]}" ;;
+htrpo_push_hold_ft)  # issue 13: the parked fetch_push_htrpo seed-0 run (752k steps, test <= 0.05 since 160k, yet its policy
+    # reaches the goal with the object in ~half of its episodes and pushes on past it) trained on with algo.hold_goal to
+    # EPOCHS (default 56: +144k steps). A diagnostic of hold_goal on Push, not a recipe's curve
+    run="$OUT/htrpo_push_hold_ft/fetch_push_htrpo/seed0"
+    if [ ! -f "$run/checkpoints/latest.pt" ]; then
+        mkdir -p "$run" && cp -r "$ROOT/bench/parked/htrpo_push/fetch_push_htrpo/seed0/." "$run/"
+        rm -f "$run/finished.json" "$run/sweep.json"  # not the recipe as swept: its label comes from config.yaml
+    fi
+    (cd "$TREE" && PYTHONPATH="$TREE:$TREE/export" mpirun -np 2 python -m her_mpi.train --resume "$run" \
+        --set algo.hold_goal=true --set "train.n_epochs=${EPOCHS:-56}") ;;
 htrpo_ablations)  # issue 13: the HTRPO paper's ablations (its Figure 5) on bitflip_8_htrpo, one switch each, seeds 1-3,
     # 30 epochs; the recipe itself is htrpo_vs_hpg's row
     declare -A switch=([kl_analytic]="algo.kl=analytic" [kl_logratio]="algo.kl=logratio" [no_goal_filtering]="algo.goal_filtering=false"
