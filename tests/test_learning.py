@@ -83,6 +83,9 @@ def test_ppo_her_beats_ppo_on_predator_prey_at_equal_budget(tmp_path):
     assert her[-1] >= 0.15 and her[-1] >= plain[-1] + 0.1, (her, plain)
 
 
-def test_htrpo_solves_continuous_fetch_reach(tmp_path):
-    success = run_recipe(tmp_path, "configs/fetch_reach_htrpo.yaml", 10, "--set", "train.stop_success=0.9")
-    assert max(success) >= 0.9, success
+def test_htrpo_solves_continuous_fetch_reach_and_holds_it(tmp_path):
+    # success is judged at the last step: a policy that reaches the goal and drifts off fails there
+    # (the recipe without algo.hold_goal peaks at 1.0 and falls back to 0.55-0.98). Seeds 0-3 read
+    # 1.00 at every evaluation from epoch 4 (bench/results/htrpo_reach_hold.md).
+    success = run_recipe(tmp_path, "configs/fetch_reach_htrpo.yaml", 8)
+    assert success[0] <= 0.3 and min(success[-3:]) >= 0.9, success
