@@ -201,10 +201,11 @@ htrpo_vs_hpg)  # issue 13: the HTRPO paper's baseline comparison on 8 bits (read
     sweep htrpo_bonus --config bitflip_8_htrpo --seeds "${SEEDS:-1-3}" --set algo.entropy_coef=0.03 \
         --set algo.entropy_weighting=uniform --set train.n_epochs=30 ;;
 htrpo_reach)  # issue 13: HTRPO on continuous FetchReach (the paper's Table 1: 100%), fetch_reach_htrpo at its 15 epochs,
-    # seeds 1-3 (tuned on seed 0)
-    sweep htrpo_reach --config fetch_reach_htrpo --seeds "${SEEDS:-1-3}" ;;
-htrpo_reach_hold)  # issue 13: ... with copies that run past their first success (algo.hold_goal): the recipe reaches every
-    # goal and drifts off before the last step, which is what FetchReach judges. Screened on seed 0 (SEEDS=0), then 1-3
+    # seeds 1-3 (tuned on seed 0), as it was before it took algo.hold_goal (the runs were made without the --set)
+    sweep htrpo_reach --config fetch_reach_htrpo --seeds "${SEEDS:-1-3}" --set algo.hold_goal=false ;;
+htrpo_reach_hold)  # issue 13: ... with copies that run past their first success (algo.hold_goal, now in the recipe): without
+    # it the policy reaches every goal and drifts off before the last step, which FetchReach judges. Screened on seed 0
+    # (SEEDS=0), then seeds 1-3
     sweep htrpo_reach_hold --config fetch_reach_htrpo --seeds "${SEEDS:-1-3}" --set algo.hold_goal=true "${cap[@]}" ;;
 htrpo_push_hold_ft)  # issue 13: the parked fetch_push_htrpo seed-0 run (752k steps, test <= 0.05 since 160k, yet its policy
     # reaches the goal with the object in ~half of its episodes and pushes on past it) trained on with algo.hold_goal to
