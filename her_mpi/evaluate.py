@@ -2,8 +2,8 @@
 
 Runs the deterministic policy in simulation and prints JSON with the success rate (the env's
 ``is_success`` at the last step), the reached rate (the goal reached after any step: above the
-success rate, the policy reaches goals and leaves them) and the mean return. The env and its parameters come from the
-policy's training config; ``--env`` overrides the id. The same ``--seed`` gives the same episodes,
+success rate, the policy reaches goals and leaves them) and the mean return. The env and its
+parameters come from the policy's training config; ``--env`` overrides the id. The same ``--seed`` gives the same episodes,
 so an exported policy and its checkpoint can be compared directly.
 
 ``--video out.mp4`` (or ``.gif``) renders the episodes offscreen instead (5 unless ``--episodes``

@@ -83,7 +83,7 @@ class Relabelled:
     mask: np.ndarray  # [M, T] the step exists under this goal
     terminal: np.ndarray  # [M, T] the copy ends here and does not continue (no bootstrap)
     length: np.ndarray  # [M] steps under this goal
-    success: np.ndarray = None  # [M, T] the achieved goal after this step reaches the goal (within the copy)
+    success: np.ndarray  # [M, T] the achieved goal after this step reaches the goal (within the copy)
     rows: tuple[np.ndarray, np.ndarray] = None  # (copy, t) of the valid rows
 
     def __post_init__(self):
