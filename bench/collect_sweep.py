@@ -1,6 +1,7 @@
 """Keep a sweep's raw results in the repository and aggregate them.
 
     python bench/collect_sweep.py runs/sweeps/push300k --name fetch_push_300k [--title ...] [--at 300k] [--recipe NAME]
+        [--seed S]
 
 Copies every run's progress.csv, config.yaml, provenance.yaml, sweep.json and finished.json (small files; no checkpoints)
 from the sweep directory to bench/results/runs/<name>/<recipe>/seed<s>/, then writes the
@@ -23,13 +24,22 @@ RESULTS = ROOT / "bench" / "results"
 KEPT = ("progress.csv", "config.yaml", "provenance.yaml", "finished.json", "resumes.yaml", "sweep.json")
 
 
-def copy_runs(sweep: Path, destination: Path, finished_only: bool = False, recipes: set[str] | None = None) -> int:
+def selected(run: Path, recipes: set[str] | None, seeds: set[int] | None) -> bool:
+    """Whether a run at <recipe>/seed<s> (relative to its sweep) is among the recipes and seeds asked for."""
+    recipe, seed_dir = run.parts[0], run.parts[-1]
+    if recipes and recipe not in recipes:
+        return False
+    return not seeds or (seed_dir.startswith("seed") and seed_dir[4:].isdigit() and int(seed_dir[4:]) in seeds)
+
+
+def copy_runs(sweep: Path, destination: Path, finished_only: bool = False, recipes: set[str] | None = None,
+              seeds: set[int] | None = None) -> int:
     copied = 0
     for progress in sorted(sweep.rglob("progress.csv")):
         run = progress.parent
         if finished_only and not (run / "finished.json").is_file():
             continue
-        if recipes and run.relative_to(sweep).parts[0] not in recipes:
+        if not selected(run.relative_to(sweep), recipes, seeds):
             continue
         target = destination / run.relative_to(sweep)
         target.mkdir(parents=True, exist_ok=True)
@@ -41,7 +51,7 @@ def copy_runs(sweep: Path, destination: Path, finished_only: bool = False, recip
 
 
 def refresh(destination: Path, sweeps: list[Path], finished_only: bool, drop_missing: bool = False,
-            recipes: set[str] | None = None) -> int:
+            recipes: set[str] | None = None, seeds: set[int] | None = None) -> int:
     """Replace destination's stored runs with the sweeps' runs, keeping finished runs whose source is gone."""
     kept = {}
     if not drop_missing and destination.is_dir():
@@ -49,13 +59,13 @@ def refresh(destination: Path, sweeps: list[Path], finished_only: bool, drop_mis
         for finished in sorted(destination.rglob("finished.json")):
             stored = finished.parent.relative_to(destination)
             sweep = by_sweep.get(stored.parts[0])
-            if recipes and stored.parts[1] not in recipes:
+            if not selected(Path(*stored.parts[1:]), recipes, seeds):
                 continue
             if sweep is not None and not (sweep / Path(*stored.parts[1:]) / "progress.csv").is_file():
                 kept[stored] = {name: (finished.parent / name).read_bytes() for name in KEPT
                                 if (finished.parent / name).is_file()}
     shutil.rmtree(destination, ignore_errors=True)  # runs left out this time must not linger
-    copied = sum(copy_runs(sweep, destination / sweep.name, finished_only, recipes) for sweep in sweeps)
+    copied = sum(copy_runs(sweep, destination / sweep.name, finished_only, recipes, seeds) for sweep in sweeps)
     for stored, files in kept.items():
         (destination / stored).mkdir(parents=True)
         for name, content in files.items():
@@ -78,6 +88,9 @@ def main() -> int:
     parser.add_argument("--recipe", action="append", default=[], metavar="NAME",
                         help="only these recipes' runs (the directory below the sweep: a sweep shared by several "
                              "tables; repeatable)")
+    parser.add_argument("--seed", action="append", default=[], type=int, metavar="S",
+                        help="only these seeds' runs (e.g. the held-out seeds, leaving out the one a recipe was "
+                             "screened on; repeatable)")
     args = parser.parse_args()
     for sweep in args.sweeps:
         if not sweep.is_dir():
@@ -86,8 +99,13 @@ def main() -> int:
     present = {run.parent.relative_to(sweep).parts[0] for sweep in args.sweeps for run in sweep.rglob("progress.csv")}
     if recipes - present:
         parser.error(f"--recipe {sorted(recipes - present)}: no such runs under the sweeps; they hold {sorted(present)}")
+    seeds = set(args.seed)
+    present_seeds = {run.parent.name for sweep in args.sweeps for run in sweep.rglob("progress.csv")}
+    if {f"seed{s}" for s in seeds} - present_seeds:
+        parser.error(f"--seed {sorted(s for s in seeds if f'seed{s}' not in present_seeds)}: no such runs under the "
+                     f"sweeps; they hold {sorted(present_seeds)}")
     destination = RESULTS / "runs" / args.name
-    copied = refresh(destination, args.sweeps, args.finished_only, args.drop_missing, recipes or None)
+    copied = refresh(destination, args.sweeps, args.finished_only, args.drop_missing, recipes or None, seeds or None)
     print(f"{copied} run(s) in {destination.relative_to(ROOT)}")
     return subprocess.call([sys.executable, "-m", "her_mpi.plot", str(destination), "-o",
                             str(RESULTS / f"{args.name}.png"), "--table", str(RESULTS / args.name),

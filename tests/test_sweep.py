@@ -391,3 +391,6 @@ def test_collecting_a_sweep_again_keeps_finished_runs_whose_directory_is_gone(tm
     (sweep / "other/seed0/finished.json").write_text("{}")
     assert collect_sweep.refresh(stored, [sweep], finished_only=True, recipes={"recipe"}) == 1
     assert not (stored / "pacman/other").exists()
+    # --seed: the held-out seeds only (seed1 of "recipe"; "other" has only seed0)
+    assert collect_sweep.refresh(stored, [sweep], finished_only=True, seeds={1}) == 1
+    assert (stored / "pacman/recipe/seed1").is_dir() and not (stored / "pacman/other").exists()
