@@ -316,6 +316,13 @@ def test_htrpo_ended_copies_stay_in_the_normaliser_with_their_last_ratio():
     np.testing.assert_allclose(h[2, 0], rho[0, 0] / rho[:, 0].sum(), rtol=1e-5)
     np.testing.assert_allclose(h[3], rho[1] / rho.sum(axis=0), rtol=1e-5)
     assert h[2, 1:].sum() == 0
+    # is_normaliser: running (the authors' code): after copy 2 ended, copy 3 is its goal's only trajectory
+    agent.params.is_normaliser = "running"
+    batch, data = agent.build_batch(episodes, np.array([[1.0]], np.float32))
+    running = np.zeros(data.mask.shape)
+    running[data.rows] = batch["hindsight_weights"].numpy()
+    np.testing.assert_allclose(running[2:, 0], h[2:, 0], rtol=1e-5)
+    np.testing.assert_allclose(running[3, 1:], 1.0, rtol=1e-5)
 
 
 def test_htrpo_weighted_importance_sampling_is_normalised_over_episodes_per_goal_and_step():

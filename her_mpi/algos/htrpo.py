@@ -65,6 +65,9 @@ class HindsightParams(OnPolicyParams):
     goal_filtering: bool = setting(True, "Hindsight Goal Filtering (false: uniformly sampled achieved goals)")
     weighted_is: bool = setting(True, "weighted importance sampling: per (goal, step), normalise the importance "
                                       "ratios over episodes")
+    is_normaliser: Literal["all", "running"] = setting(
+        "all", "weighted IS: per (goal, step) divide by the ratios of all copies, an ended one at its last ratio "
+               "(the paper's estimator over trajectories), or of the copies still running only (the authors' code)")
     original_goals: bool = setting(True, "also learn from the episodes under their own goals (the authors' "
                                          "configs: false)")
     reward: Literal["sparse", "dense"] = setting(
@@ -111,6 +114,8 @@ class HindsightParams(OnPolicyParams):
         if not self.critic:  # an ablation of a recipe tuned with a critic: warned, not refused
             for name in ("gae_lambda", "critic_iters", "critic_batch_size", "lr_critic"):
                 unused[f"algo.{name}"] = Unused("it trains the value network, and algo.critic is false", refuse=False)
+        if not self.weighted_is:
+            unused["algo.is_normaliser"] = Unused("it normalises weighted IS, and algo.weighted_is is false")
         if not self.entropy_coef:
             unused["algo.entropy_weighting"] = Unused("it weights the entropy bonus, and algo.entropy_coef is 0")
         return unused
@@ -278,7 +283,8 @@ class HindsightAgent(OnPolicyAgent):
         it adds nothing to the numerator but keeps its last ratio in the normaliser, as the
         paper's estimator over trajectories reads (eq. 80). (Normalising over the still-running
         copies only would give the few long-running failures of a goal the weight of all its
-        episodes at late steps.) The episodes' own goals form one more goal group, of ratios 1."""
+        episodes at late steps; ``is_normaliser: running`` does that, as the authors' code does.)
+        The episodes' own goals form one more goal group, of ratios 1."""
         M, T = data.mask.shape
         grid = np.zeros((M, T))
         grid[copy, t] = log_ratio
@@ -292,9 +298,9 @@ class HindsightAgent(OnPolicyAgent):
                                     np.repeat(np.arange(n_goals) + (1 if n_original else 0),
                                               (M - n_original) // max(n_goals, 1))])
             sums = np.zeros((n_groups, T))
-            np.add.at(sums, group, rho)
+            np.add.at(sums, group, rho if self.params.is_normaliser == "all" else h)
             sums = mpi.allreduce_sum_(sums)
-            h = h / sums[group]
+            h = np.divide(h, sums[group], out=np.zeros_like(h), where=sums[group] > 0)  # 0: no copy there
         return h[copy, t].astype(np.float32)
 
     # -- the update ----------------------------------------------------------------------------
