@@ -381,3 +381,18 @@ def test_a_resume_refuses_only_what_its_command_sets(tmp_path, capsys):
     assert "train.batch_size: 64 has no effect with algo.name htrpo" in capsys.readouterr().err
     assert train.main(["--resume", str(run_dir), "--set", "train.n_epochs=2"]) == 0
     assert load_checkpoint(latest)["epoch"] == 1
+
+
+def test_the_pacman_authors_recipe_is_the_screened_lever():
+    """ms_pacman_goal_htrpo_authors's evidence is the authors_all lever's runs (bench/tables.sh
+    ms_pacman_htrpo_levers trained on to 2M): the recipe must train what that lever trains."""
+    line = next(l for l in (ROOT / "bench" / "tables.sh").read_text().splitlines() if "[authors_all]=" in l)
+    lever = line.split('[authors_all]="', 1)[1].split('"', 1)[0].split()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnusedSettingWarning)  # the critic's settings with algo.critic=false
+        screened = dataclasses.asdict(load_config(ROOT / "configs" / "ms_pacman_goal_htrpo.yaml", lever))
+        recipe = dataclasses.asdict(load_config(ROOT / "configs" / "ms_pacman_goal_htrpo_authors.yaml"))
+    for settings in (screened, recipe):  # settings of the critic, which neither trains
+        for key in ("lr_critic", "critic_iters"):
+            settings["algo"].pop(key)
+    assert screened == recipe
