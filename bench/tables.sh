@@ -176,8 +176,9 @@ ms_pacman_htrpo_levers)  # issue 13: levers on ms_pacman_goal_htrpo (0.506 / 0.3
     # natural gradient), twice the trust region, twice the hindsight goals. Then the authors' code where it differs:
     # the raw goal cell (they normalise no input of this env) and tanh layers (authors_inputs); weighted IS over the
     # copies still running (running_is); both with their critic-free, own-goal-free, bonus-free settings (authors_all, now the recipe
-    # ms_pacman_goal_htrpo_authors), and that
-    # with the recipe's entropy bonus kept (authors_bonus: its entropy falls to 0.07 and it plateaus). LEVERS picks some; SEEDS others
+    # ms_pacman_goal_htrpo_authors), and
+    # authors_all with the recipe's entropy bonus kept (authors_bonus: authors_all's entropy falls to 0.07 by 700k and
+    # its success plateaus). LEVERS picks some; SEEDS others
     declare -A lever=([batch2x]="train.rollouts_per_rank=12 train.n_cycles=50" [kl2x]="algo.max_kl=4.0e-5" [goals32]="algo.n_goals=32"
         [authors_inputs]="normalizer.enabled=false algo.activation=tanh" [running_is]="algo.is_normaliser=running"
         [authors_all]="normalizer.enabled=false algo.activation=tanh algo.is_normaliser=running algo.critic=false algo.original_goals=false algo.entropy_coef=0 algo.entropy_weighting=surrogate"
