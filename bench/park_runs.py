@@ -60,6 +60,9 @@ def park(sweeps: list[Path]) -> int:
             shutil.rmtree(target, ignore_errors=True)
             copy_run(run, target)
             print(f"parked {run.relative_to(ROOT)} at epoch {epochs_done(run)} -> {target.relative_to(ROOT)}")
+            if any((run / CHECKPOINT).parent.glob("replay_rank*")):  # off-policy: GBs, not for git
+                print(f"park_runs: {run.relative_to(ROOT)} has replay buffers, which are not parked: resumed from "
+                      f"bench/parked alone it starts with empty buffers (an inexact resume; her_mpi warns)")
     return 0
 
 
