@@ -45,11 +45,14 @@ def run_dirs(paths: list[Path]) -> list[Path]:
 def run_facts(run: Path) -> dict:
     """What a results row says about the run it measured: path, recipe, seed, how far it trained."""
     sweep = json.loads((run / DESCRIPTION).read_text()) if (run / DESCRIPTION).is_file() else {}
+    if not sweep and run.name.removeprefix("seed").isdigit():  # a run trained outside her_mpi.sweep in its layout
+        sweep = {"recipe": run.parent.name, "seed": int(run.name.removeprefix("seed")),
+                 "label": f"{run.parent.name} ({run.parent.parent.name})"}
     last = last_row(run)
     return {
         "run": str(run.resolve().relative_to(ROOT)) if run.resolve().is_relative_to(ROOT) else str(run),
         "recipe": sweep.get("recipe"), "seed": sweep.get("seed"),
-        "label": sweep_label(run),  # the recipe and its --set values
+        "label": sweep_label(run) or sweep.get("label"),  # the recipe and its --set values
         "env_steps_trained": int(float(last.get("env_steps", 0))),
         "last_test_success": float(last["test_success_rate"]) if last else None,
         "finished": (run / FINISHED).is_file(),
@@ -74,18 +77,24 @@ def evaluate(run: Path, episodes: int, seed: int) -> dict:
     result = json.loads(out.strip().splitlines()[-1])
     return {
         **run_facts(run), "env_id": result["env_id"], "episodes": episodes, "eval_seed": seed,
-        "success_rate": result["success_rate"], "mean_return": result["mean_return"],
+        "success_rate": result["success_rate"], "reached_rate": result["reached_rate"],
+        "mean_return": result["mean_return"],
         "mean_length": result["mean_length"],
         "command": f"python -m her_mpi.evaluate --checkpoint {run / CHECKPOINT} --episodes {episodes} --seed {seed}",
     }
 
 
+def reached(row: dict) -> str:  # rows kept before reached_rate was recorded have none
+    return f"{row['reached_rate']:.3f}" if row.get("reached_rate") is not None else "n/a"
+
+
 def table(rows: list[dict]) -> str:
-    lines = ["| recipe | seed | env | env steps trained | finished | last test (100 ep.) | unseen success | episodes, eval seed |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| recipe | seed | env | env steps trained | finished | last test (100 ep.) | unseen success | goal reached at any step | episodes, eval seed |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r.get('label') or r['recipe']} | {r['seed']} | {r['env_id']} | {r['env_steps_trained']:,} | "
                      f"{'yes' if r['finished'] else 'no'} | {r['last_test_success']} | **{r['success_rate']:.3f}** | "
+                     f"{reached(r)} | "
                      f"{r['episodes']}, {r['eval_seed']} |")
     return "\n".join(lines)
 
