@@ -394,3 +394,34 @@ def test_collecting_a_sweep_again_keeps_finished_runs_whose_directory_is_gone(tm
     # --seed: the held-out seeds only (seed1 of "recipe"; "other" has only seed0)
     assert collect_sweep.refresh(stored, [sweep], finished_only=True, seeds={1}) == 1
     assert (stored / "pacman/recipe/seed1").is_dir() and not (stored / "pacman/other").exists()
+
+
+def test_parking_carries_a_run_without_its_replay_and_unparking_keeps_the_further_copy(tmp_path, monkeypatch, capsys):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("park_runs", Path(__file__).parents[1] / "bench/park_runs.py")
+    park_runs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(park_runs)
+    monkeypatch.setattr(park_runs, "ROOT", tmp_path)
+    monkeypatch.setattr(park_runs, "SWEEPS", tmp_path / "runs/sweeps")
+    monkeypatch.setattr(park_runs, "PARKED", tmp_path / "bench/parked")
+    run = tmp_path / "runs/sweeps/pacman/dqn/seed2"
+    fake_run(run, 2, [0.1, 0.2])
+    (run / "checkpoints/replay_rank0").mkdir(parents=True)
+    (run / "checkpoints/replay_rank0/segment.npz").write_bytes(b"x" * 100)
+    (run / "checkpoints/latest.pt").write_bytes(b"weights at epoch 1")
+    assert park_runs.park([tmp_path / "runs/sweeps/pacman"]) == 0
+    parked = tmp_path / "bench/parked/pacman/dqn/seed2"
+    assert (parked / "checkpoints/latest.pt").read_bytes() == b"weights at epoch 1"
+    assert not (parked / "checkpoints/replay_rank0").exists()  # GBs for an off-policy run: never in git
+    assert "has replay buffers, which are not parked" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="not a sweep directory"):
+        park_runs.park([tmp_path / "elsewhere"])
+
+    # the run trained on after parking: unpark keeps it; once runs/ is lost, unpark restores the parked copy
+    (run / "progress.csv").write_text((run / "progress.csv").read_text() + "2,30000,15000,2,0.9,0,90,50\n")
+    assert park_runs.unpark() == 0
+    assert "kept runs/sweeps/pacman/dqn/seed2 (epoch 3; parked: 2)" in capsys.readouterr().out
+    shutil.rmtree(tmp_path / "runs")
+    assert park_runs.unpark() == 0
+    assert (run / "checkpoints/latest.pt").read_bytes() == b"weights at epoch 1"
+    assert (run / "progress.csv").read_text() == (parked / "progress.csv").read_text()
