@@ -28,6 +28,7 @@
 #     bench/tables.sh htrpo_push_hold_ft  # the parked continuous-FetchPush HTRPO run trained on with algo.hold_goal
 #     bench/tables.sh hpg_push        # HPG on continuous FetchPush as the authors' published config trains it, seed 0 to 512k
 #     bench/tables.sh htrpo_ablations # HTRPO without QKL / goal filtering / weighted IS / sparse reward / hindsight, 8 bits
+#     DRY_RUN=1 bench/tables.sh <table>  # print the her_mpi.sweep commands a table would run, run none
 #     bench/tables.sh htrpo_bits      # HTRPO on 16 and 32 bits from all-zero bits, seeds 0-2 (issue 13)
 #     bench/tables.sh htrpo_bits32    # HTRPO 32 bits with 100 filtered hindsight goals, seeds 1-3 (issue 13)
 #     EPOCHS=20 bench/tables.sh htrpo_push  # the long issue-13 tables capped at 20 epochs per run (resume later uncapped)
@@ -57,6 +58,7 @@ cap=(); if [ -n "${EPOCHS:-}" ]; then cap=(--set "train.n_epochs=$EPOCHS"); fi
 
 sweep() {  # sweep TABLE ARGS...: one her_mpi.sweep into OUT/TABLE
     local table=$1; shift
+    if [ -n "${DRY_RUN:-}" ]; then printf '%q ' python -m her_mpi.sweep --np 2 --out "$OUT/$table" "$@"; echo; return; fi
     (cd "$TREE" && PYTHONPATH="$TREE:$TREE/export" python -m her_mpi.sweep --np 2 --out "$OUT/$table" "$@")
 }
 
@@ -179,10 +181,11 @@ ms_pacman_htrpo_levers)  # issue 13: levers on ms_pacman_goal_htrpo (0.506 / 0.3
     # ms_pacman_goal_htrpo_authors), and
     # authors_all with the recipe's entropy bonus kept (authors_bonus: authors_all's entropy falls to 0.07 by 700k and
     # its success plateaus). LEVERS picks some; SEEDS others
+    authors_inputs="normalizer.enabled=false algo.activation=tanh"
+    authors_path="$authors_inputs algo.is_normaliser=running algo.critic=false algo.original_goals=false"
     declare -A lever=([batch2x]="train.rollouts_per_rank=12 train.n_cycles=50" [kl2x]="algo.max_kl=4.0e-5" [goals32]="algo.n_goals=32"
-        [authors_inputs]="normalizer.enabled=false algo.activation=tanh" [running_is]="algo.is_normaliser=running"
-        [authors_all]="normalizer.enabled=false algo.activation=tanh algo.is_normaliser=running algo.critic=false algo.original_goals=false algo.entropy_coef=0 algo.entropy_weighting=surrogate"
-        [authors_bonus]="normalizer.enabled=false algo.activation=tanh algo.is_normaliser=running algo.critic=false algo.original_goals=false")
+        [authors_inputs]="$authors_inputs" [running_is]="algo.is_normaliser=running"
+        [authors_all]="$authors_path algo.entropy_coef=0 algo.entropy_weighting=surrogate" [authors_bonus]="$authors_path")
     for name in ${LEVERS:-batch2x kl2x goals32}; do  # a misspelt lever is an error before any run starts
         [ -n "${lever[$name]+set}" ] || { echo "bench/tables.sh: LEVERS has '$name', expected some of: ${!lever[*]}" >&2; exit 2; }
     done

@@ -2,6 +2,8 @@
 every key is documented; deprecated names still load; settings are never silently ignored."""
 
 import dataclasses
+import os
+import subprocess
 import typing
 import warnings
 
@@ -386,8 +388,10 @@ def test_a_resume_refuses_only_what_its_command_sets(tmp_path, capsys):
 def test_the_pacman_authors_recipe_is_the_screened_lever():
     """ms_pacman_goal_htrpo_authors's evidence is the authors_all lever's runs (bench/tables.sh
     ms_pacman_htrpo_levers trained on to 2M): the recipe must train what that lever trains."""
-    line = next(l for l in (ROOT / "bench" / "tables.sh").read_text().splitlines() if "[authors_all]=" in l)
-    lever = line.split('[authors_all]="', 1)[1].split('"', 1)[0].split()
+    command = subprocess.run(["bash", str(ROOT / "bench" / "tables.sh"), "ms_pacman_htrpo_levers"], check=True,
+                             capture_output=True, text=True, env={**os.environ, "DRY_RUN": "1", "LEVERS": "authors_all",
+                                                                  "SEEDS": "0", "MAX_STEPS": "2000000"}).stdout.split()
+    lever = [command[i + 1] for i, word in enumerate(command) if word == "--set"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnusedSettingWarning)  # the critic's settings with algo.critic=false
         screened = dataclasses.asdict(load_config(ROOT / "configs" / "ms_pacman_goal_htrpo.yaml", lever))
