@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from collect_sweep import KEPT, ROOT  # noqa: E402  (a run's small files: the ones results keep)
 
 sys.path.insert(1, str(ROOT))  # this checkout's her_mpi, installed or not
+from her_mpi.checkpoint import replay_dir  # noqa: E402
 from her_mpi.sweep import progress_rows  # noqa: E402
 
 SWEEPS = ROOT / "runs" / "sweeps"
@@ -60,7 +61,7 @@ def park(sweeps: list[Path]) -> int:
             shutil.rmtree(target, ignore_errors=True)
             copy_run(run, target)
             print(f"parked {run.relative_to(ROOT)} at epoch {epochs_done(run)} -> {target.relative_to(ROOT)}")
-            if any((run / CHECKPOINT).parent.glob("replay_rank*")):  # off-policy: GBs, not for git
+            if replay_dir((run / CHECKPOINT).parent, rank=0).is_dir():  # off-policy: GBs, not for git
                 print(f"park_runs: {run.relative_to(ROOT)} has replay buffers, which are not parked: resumed from "
                       f"bench/parked alone it starts with empty buffers (an inexact resume; her_mpi warns)")
     return 0

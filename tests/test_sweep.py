@@ -367,11 +367,17 @@ def test_plot_names_a_directory_without_runs(tmp_path):
     assert result.returncode != 0 and "no runs under" in result.stderr
 
 
-def test_collecting_a_sweep_again_keeps_finished_runs_whose_directory_is_gone(tmp_path, capsys):
+def bench_script(name: str):
+    """A bench/ script as a module (bench/ is not a package)."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("collect_sweep", Path(__file__).parents[1] / "bench/collect_sweep.py")
-    collect_sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(collect_sweep)
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_collecting_a_sweep_again_keeps_finished_runs_whose_directory_is_gone(tmp_path, capsys):
+    collect_sweep = bench_script("collect_sweep")
     sweep, stored = tmp_path / "sweeps/pacman", tmp_path / "results/pacman"
     for seed in (0, 1):
         fake_run(sweep / "recipe" / f"seed{seed}", seed, [0.1, 0.2])
@@ -397,10 +403,7 @@ def test_collecting_a_sweep_again_keeps_finished_runs_whose_directory_is_gone(tm
 
 
 def test_parking_carries_a_run_without_its_replay_and_unparking_keeps_the_further_copy(tmp_path, monkeypatch, capsys):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("park_runs", Path(__file__).parents[1] / "bench/park_runs.py")
-    park_runs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(park_runs)
+    park_runs = bench_script("park_runs")
     monkeypatch.setattr(park_runs, "ROOT", tmp_path)
     monkeypatch.setattr(park_runs, "SWEEPS", tmp_path / "runs/sweeps")
     monkeypatch.setattr(park_runs, "PARKED", tmp_path / "bench/parked")
