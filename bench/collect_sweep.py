@@ -1,6 +1,6 @@
 """Keep a sweep's raw results in the repository and aggregate them.
 
-    python bench/collect_sweep.py runs/sweeps/push300k --name fetch_push_300k [--title ...] [--at 300k] [--recipe NAME]
+    python bench/collect_sweep.py runs/sweeps/push300k --name fetch_push_300k [--title ...] [--at 300k] [--spans 100k,200k] [--recipe NAME]
         [--seed S]
 
 Copies every run's progress.csv, config.yaml, provenance.yaml, sweep.json and finished.json (small files; no checkpoints)
@@ -83,6 +83,9 @@ def main() -> int:
                         help="only runs that reached their budget (a run still at 20k would cut its recipe's curve there)")
     parser.add_argument("--at", action="append", default=[], metavar="STEPS",
                         help="also report the IQM at this many env steps (python -m her_mpi.plot --at; repeatable)")
+    parser.add_argument("--spans", metavar="EDGES",
+                        help="also report each seed's success averaged over spans split at these env steps "
+                             "(python -m her_mpi.plot --spans, e.g. 250k,500k,1M)")
     parser.add_argument("--drop-missing", action="store_true",
                         help="also drop finished runs stored earlier whose run directory is gone from the sweep")
     parser.add_argument("--recipe", action="append", default=[], metavar="NAME",
@@ -109,7 +112,8 @@ def main() -> int:
     print(f"{copied} run(s) in {destination.relative_to(ROOT)}")
     return subprocess.call([sys.executable, "-m", "her_mpi.plot", str(destination), "-o",
                             str(RESULTS / f"{args.name}.png"), "--table", str(RESULTS / args.name),
-                            "--title", args.title or args.name, *[f"--at={a}" for a in args.at]], cwd=ROOT)
+                            "--title", args.title or args.name, *[f"--at={a}" for a in args.at],
+                            *([f"--spans={args.spans}"] if args.spans else [])], cwd=ROOT)
 
 
 if __name__ == "__main__":

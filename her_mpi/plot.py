@@ -13,7 +13,9 @@ last epoch every seed reached) with its interval, env steps until the IQM curve 
 0.5 / 0.8 / 0.9, seeds, ranks, test episodes per evaluation and wall-clock seconds per 100k env
 steps (median over seeds). ``--at 300k`` (repeatable) adds the IQM and its interval at an earlier
 budget: the last evaluation at or before 300k env steps, so one long sweep answers both a table's
-budget and "where does it stand at 300k".
+budget and "where does it stand at 300k". ``--spans 250k,500k,1M`` adds, per seed, test (and train)
+success averaged over the evaluations in each span of env steps (<250k, 250k-500k, 500k-1M, >=1M): a
+long run's single evaluations move by +-0.1, so its level over a stretch of training is read from these.
 """
 
 from __future__ import annotations
@@ -187,6 +189,31 @@ def parse_env_steps(text: str) -> int:
     return int(steps)
 
 
+def parse_span_edges(text: str) -> tuple[int, ...]:
+    """'250k,500k,1M' -> increasing env-step edges (an argparse type)."""
+    edges = tuple(parse_env_steps(part) for part in text.split(","))
+    if list(edges) != sorted(set(edges)):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected increasing env steps such as 250k,500k,1M")
+    return edges
+
+
+def span_means(run: Run, edges: tuple[int, ...]) -> list[dict]:
+    """Test and train success averaged over the run's evaluations in [0, e1), [e1, e2), ..., [e_n, its end];
+    a span without evaluations has None (the run stopped before it)."""
+    steps, test = run.column("env_steps"), run.column("test_success_rate")
+    train = run.column("train_success_rate") if "train_success_rate" in run.rows[0] else np.full_like(test, np.nan)
+    def mean(values: np.ndarray) -> float | None:
+        return None if np.isnan(values).all() else float(np.nanmean(values))  # also None when empty
+
+    bounds = (0, *edges, None)
+    spans = []
+    for low, high in zip(bounds, bounds[1:]):
+        inside = (steps >= low) & (steps < (np.inf if high is None else high))
+        spans.append({"from": low, "to": high, "evaluations": int(inside.sum()),
+                      "test": mean(test[inside]), "train": mean(train[inside])})
+    return spans
+
+
 def at_budget(recipe: Recipe, budget: int, reps: int) -> dict:
     """The IQM and interval over each seed's last evaluation at or before ``budget`` env steps; None when
     a seed stops more than 1% short of it. Read per seed, not off the epoch-aligned curve: when episodes
@@ -210,7 +237,7 @@ def first_crossing(steps: np.ndarray, curve: np.ndarray, threshold: float) -> in
     return int(steps[reached[0]]) if len(reached) else None
 
 
-def summarise(recipe: Recipe, reps: int, at: tuple[int, ...] = ()) -> dict:
+def summarise(recipe: Recipe, reps: int, at: tuple[int, ...] = (), spans: tuple[int, ...] = ()) -> dict:
     steps = recipe.env_steps()
     curve, interval = iqm_curve(recipe.scores(), reps)
     seconds_per_100k = [float(r.column("time_s")[-1] / r.column("env_steps")[-1] * 1e5) for r in recipe.runs]
@@ -232,6 +259,7 @@ def summarise(recipe: Recipe, reps: int, at: tuple[int, ...] = ()) -> dict:
                   "ci95_low": [float(v) for v in interval[0]], "ci95_high": [float(v) for v in interval[1]],
                   "per_seed": {str(r.seed): [float(v) for v in r.column("test_success_rate")] for r in recipe.runs}},
         "runs": [str(r.path) for r in recipe.runs],
+        **({"spans": {str(r.seed): span_means(r, spans) for r in recipe.runs}} if spans else {}),
     }
 
 
@@ -255,6 +283,33 @@ def markdown_table(summaries: list[dict]) -> str:
                      + f"{steps(s['steps_to_0.5'])} | {steps(s['steps_to_0.8'])} | {steps(s['steps_to_0.9'])} | "
                      f"{s['seconds_per_100k_env_steps']:,.0f} |")
     return "\n".join(lines) + "\n"
+
+
+def span_table(summaries: list[dict]) -> str:
+    """Per seed, 'test / train (evaluations)' averaged over each span; '' when no summary has spans."""
+    with_spans = [s for s in summaries if s.get("spans")]
+    if not with_spans:
+        return ""
+
+    def edge(steps):
+        return f"{steps / 1e6:g}M" if steps >= 1_000_000 else f"{steps / 1000:g}k"
+
+    first = next(iter(with_spans[0]["spans"].values()))
+    heads = [f"< {edge(span['to'])}" if span["from"] == 0 else f">= {edge(span['from'])}" if span["to"] is None
+             else f"{edge(span['from'])}-{edge(span['to'])}" for span in first]
+
+    def cell(span):
+        if span["test"] is None:
+            return "-"
+        train = "" if span["train"] is None else f" / {span['train']:.2f}"
+        return f"{span['test']:.2f}{train} ({span['evaluations']})"
+
+    lines = ["Test / train success averaged over each span of env steps (evaluations in it):", "",
+             "| recipe | seed | " + " | ".join(heads) + " |", "|---|---|" + "---|" * len(heads)]
+    for summary in with_spans:
+        for seed, spans in summary["spans"].items():
+            lines.append(f"| {summary['recipe'].split(' (np=')[0]} | {seed} | " + " | ".join(map(cell, spans)) + " |")
+    return "\n" + "\n".join(lines) + "\n"
 
 
 def plot(recipes: list[Recipe], summaries: list[dict], output: Path, title: str) -> None:
@@ -290,6 +345,9 @@ def main(argv=None) -> int:
     parser.add_argument("--title", default="Test success rate")
     parser.add_argument("--at", type=parse_env_steps, action="append", default=[], metavar="STEPS",
                         help="also report the IQM at this many env steps (e.g. 300k; repeatable)")
+    parser.add_argument("--spans", type=parse_span_edges, default=(), metavar="EDGES",
+                        help="also report each seed's success averaged over spans split at these env steps "
+                             "(e.g. 250k,500k,1M)")
     parser.add_argument("--reps", type=int, default=2000, help="bootstrap replications (default 2000)")
     args = parser.parse_args(argv)
     if args.reps < 100:
@@ -299,11 +357,11 @@ def main(argv=None) -> int:
     if not runs:
         raise SystemExit("her_mpi.plot: no run has finished an epoch yet")
     recipes = group(runs)
-    summaries = [summarise(recipe, args.reps, tuple(args.at)) for recipe in recipes]
+    summaries = [summarise(recipe, args.reps, tuple(args.at), args.spans) for recipe in recipes]
     args.output.parent.mkdir(parents=True, exist_ok=True)
     plot(recipes, summaries, args.output, args.title)
     print(f"wrote {args.output}")
-    table = markdown_table(summaries)
+    table = markdown_table(summaries) + span_table(summaries)
     print(table, end="")
     if args.table:
         args.table.parent.mkdir(parents=True, exist_ok=True)

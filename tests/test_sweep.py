@@ -330,6 +330,27 @@ def test_iqm_at_a_budget_reads_each_seed_when_seeds_need_different_epoch_counts(
     assert at[20_000]["iqm_success"] == pytest.approx(0.35)  # 0.5 at 20k and 0.2 at 15.1k (22.6k is after)
 
 
+def test_span_means_average_each_seeds_evaluations_between_the_edges(tmp_path):
+    fake_run(tmp_path / "seed0", 0, [0.1, 0.3, 0.5, 0.7, 0.9])  # at 10k, 20k, ..., 50k env steps
+    fake_run(tmp_path / "seed1", 1, [0.0, 0.2])  # stopped at 20k
+    (recipe,) = plot.group(plot.find_runs([tmp_path]))
+    summary = plot.summarise(recipe, reps=200, spans=(20_000, 40_000, 60_000))
+    spans = summary["spans"]
+    assert [s["evaluations"] for s in spans["0"]] == [1, 2, 2, 0]  # [0, 20k), [20k, 40k), [40k, 60k), [60k, end]
+    assert [s["test"] for s in spans["0"][:3]] == pytest.approx([0.1, 0.4, 0.8]) and spans["0"][3]["test"] is None
+    assert spans["0"][1]["train"] == 0.0 and spans["1"][2]["test"] is None  # the run never got there: no number
+    table = plot.span_table([summary])
+    assert "| < 20k | 20k-40k | 40k-60k | >= 60k |" in table
+    assert "| 0.10 / 0.00 (1) | 0.40 / 0.00 (2) | 0.80 / 0.00 (2) | - |" in table
+    assert plot.span_table([plot.summarise(recipe, reps=200)]) == ""  # no --spans: no table
+
+
+@pytest.mark.parametrize("text", ["500k,250k", "250k,250k", "250k,x"])
+def test_span_edges_must_increase(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="expected"):
+        plot.parse_span_edges(text)
+
+
 @pytest.mark.parametrize("text, steps", [("300000", 300_000), ("300_000", 300_000), ("300k", 300_000),
                                          ("1.5M", 1_500_000), ("2m", 2_000_000)])
 def test_env_step_budgets_parse_with_suffixes(text, steps):
