@@ -1,7 +1,7 @@
 """Keep a sweep's raw results in the repository and aggregate them.
 
-    python bench/collect_sweep.py runs/sweeps/push300k --name fetch_push_300k [--title ...] [--at 300k] [--spans 100k,200k] [--recipe NAME]
-        [--seed S]
+    python bench/collect_sweep.py runs/sweeps/push300k --name fetch_push_300k [--title ...] [--at 300k] [--spans 100k,200k]
+        [--recipe NAME] [--seed S]
 
 Copies every run's progress.csv, config.yaml, provenance.yaml, sweep.json and finished.json (small files; no checkpoints)
 from the sweep directory to bench/results/runs/<name>/<recipe>/seed<s>/, then writes the
@@ -20,6 +20,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(1, str(ROOT))  # this checkout's her_mpi, installed or not (the aggregation runs it with -m too)
+from her_mpi.plot import parse_span_edges  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results"
 KEPT = ("progress.csv", "config.yaml", "provenance.yaml", "finished.json", "resumes.yaml", "sweep.json")
 
@@ -83,7 +86,7 @@ def main() -> int:
                         help="only runs that reached their budget (a run still at 20k would cut its recipe's curve there)")
     parser.add_argument("--at", action="append", default=[], metavar="STEPS",
                         help="also report the IQM at this many env steps (python -m her_mpi.plot --at; repeatable)")
-    parser.add_argument("--spans", metavar="EDGES",
+    parser.add_argument("--spans", metavar="EDGES", type=parse_span_edges, default=(),
                         help="also report each seed's success averaged over spans split at these env steps "
                              "(python -m her_mpi.plot --spans, e.g. 250k,500k,1M)")
     parser.add_argument("--drop-missing", action="store_true",
@@ -113,7 +116,7 @@ def main() -> int:
     return subprocess.call([sys.executable, "-m", "her_mpi.plot", str(destination), "-o",
                             str(RESULTS / f"{args.name}.png"), "--table", str(RESULTS / args.name),
                             "--title", args.title or args.name, *[f"--at={a}" for a in args.at],
-                            *([f"--spans={args.spans}"] if args.spans else [])], cwd=ROOT)
+                            *([f"--spans={','.join(map(str, args.spans))}"] if args.spans else [])], cwd=ROOT)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Learning curves and results tables, aggregated over seeds.
 
     python -m her_mpi.plot RUN_OR_SWEEP_DIR [...] [-o success.png] [--table results/push] [--at 300k]
+        [--spans 250k,500k,1M]
 
 Every directory given is searched for runs (directories with a ``progress.csv``). Runs whose
 ``config.yaml`` is the same apart from the seed (and logging/checkpoint settings) at the same
@@ -200,8 +201,8 @@ def parse_span_edges(text: str) -> tuple[int, ...]:
 def span_means(run: Run, edges: tuple[int, ...]) -> list[dict]:
     """Test and train success averaged over the run's evaluations in [0, e1), [e1, e2), ..., [e_n, its end];
     a span without evaluations has None (the run stopped before it)."""
-    steps, test = run.column("env_steps"), run.column("test_success_rate")
-    train = run.column("train_success_rate") if "train_success_rate" in run.rows[0] else np.full_like(test, np.nan)
+    steps, test, train = (run.column(key) for key in ("env_steps", "test_success_rate", "train_success_rate"))
+
     def mean(values: np.ndarray) -> float | None:
         return None if np.isnan(values).all() else float(np.nanmean(values))  # also None when empty
 
@@ -209,7 +210,7 @@ def span_means(run: Run, edges: tuple[int, ...]) -> list[dict]:
     spans = []
     for low, high in zip(bounds, bounds[1:]):
         inside = (steps >= low) & (steps < (np.inf if high is None else high))
-        spans.append({"from": low, "to": high, "evaluations": int(inside.sum()),
+        spans.append({"from": low, "to": high, "evaluations": int((inside & ~np.isnan(test)).sum()),
                       "test": mean(test[inside]), "train": mean(train[inside])})
     return spans
 
@@ -259,8 +260,12 @@ def summarise(recipe: Recipe, reps: int, at: tuple[int, ...] = (), spans: tuple[
                   "ci95_low": [float(v) for v in interval[0]], "ci95_high": [float(v) for v in interval[1]],
                   "per_seed": {str(r.seed): [float(v) for v in r.column("test_success_rate")] for r in recipe.runs}},
         "runs": [str(r.path) for r in recipe.runs],
-        **({"spans": {str(r.seed): span_means(r, spans) for r in recipe.runs}} if spans else {}),
+        "spans": {str(r.seed): span_means(r, spans) for r in recipe.runs} if spans else {},
     }
+
+
+def short_label(summary: dict) -> str:
+    return summary["recipe"].split(" (np=")[0]
 
 
 def markdown_table(summaries: list[dict]) -> str:
@@ -277,7 +282,7 @@ def markdown_table(summaries: list[dict]) -> str:
              + "".join(f"IQM at {steps(b)} | " for b in budgets) + "to 0.5 | to 0.8 | to 0.9 | s / 100k steps |",
              "|---|---|---|---|---|" + "---|" * len(budgets) + "---|---|---|---|"]
     for s in summaries:
-        lines.append(f"| {s['recipe'].split(' (np=')[0]} | {len(s['seeds'])} ({', '.join(map(str, s['seeds']))}) | "
+        lines.append(f"| {short_label(s)} | {len(s['seeds'])} ({', '.join(map(str, s['seeds']))}) | "
                      f"{s['n_ranks']} | {s['budget_env_steps'] / 1000:,.0f}k | {iqm(s['iqm_success'], s['ci95'])} | "
                      + "".join(f"{iqm(a['iqm_success'], a['ci95'])} | " for a in s.get("at", []))
                      + f"{steps(s['steps_to_0.5'])} | {steps(s['steps_to_0.8'])} | {steps(s['steps_to_0.9'])} | "
@@ -308,7 +313,7 @@ def span_table(summaries: list[dict]) -> str:
              "| recipe | seed | " + " | ".join(heads) + " |", "|---|---|" + "---|" * len(heads)]
     for summary in with_spans:
         for seed, spans in summary["spans"].items():
-            lines.append(f"| {summary['recipe'].split(' (np=')[0]} | {seed} | " + " | ".join(map(cell, spans)) + " |")
+            lines.append(f"| {short_label(summary)} | {seed} | " + " | ".join(map(cell, spans)) + " |")
     return "\n" + "\n".join(lines) + "\n"
 
 

@@ -334,15 +334,39 @@ def test_span_means_average_each_seeds_evaluations_between_the_edges(tmp_path):
     fake_run(tmp_path / "seed0", 0, [0.1, 0.3, 0.5, 0.7, 0.9])  # at 10k, 20k, ..., 50k env steps
     fake_run(tmp_path / "seed1", 1, [0.0, 0.2])  # stopped at 20k
     (recipe,) = plot.group(plot.find_runs([tmp_path]))
-    summary = plot.summarise(recipe, reps=200, spans=(20_000, 40_000, 60_000))
-    spans = summary["spans"]
+    spans = plot.summarise(recipe, reps=200, spans=(20_000, 40_000, 60_000))["spans"]
     assert [s["evaluations"] for s in spans["0"]] == [1, 2, 2, 0]  # [0, 20k), [20k, 40k), [40k, 60k), [60k, end]
     assert [s["test"] for s in spans["0"][:3]] == pytest.approx([0.1, 0.4, 0.8]) and spans["0"][3]["test"] is None
     assert spans["0"][1]["train"] == 0.0 and spans["1"][2]["test"] is None  # the run never got there: no number
+    # the last span runs to the run's end, past the last edge
+    summary = plot.summarise(recipe, reps=200, spans=(20_000, 40_000))
+    assert summary["spans"]["0"][2] == {"from": 40_000, "to": None, "evaluations": 2, "test": pytest.approx(0.8),
+                                        "train": 0.0}
     table = plot.span_table([summary])
-    assert "| < 20k | 20k-40k | 40k-60k | >= 60k |" in table
-    assert "| 0.10 / 0.00 (1) | 0.40 / 0.00 (2) | 0.80 / 0.00 (2) | - |" in table
+    assert "| < 20k | 20k-40k | >= 40k |" in table
+    assert "| 0.10 / 0.00 (1) | 0.40 / 0.00 (2) | 0.80 / 0.00 (2) |" in table
+    assert "| 0.00 / 0.00 (1) | 0.20 / 0.00 (1) | - |" in table
     assert plot.span_table([plot.summarise(recipe, reps=200)]) == ""  # no --spans: no table
+
+
+def test_span_means_leave_out_missing_values(tmp_path):
+    fake_run(tmp_path / "seed0", 0, [0.2, 0.4, 0.6])
+    rows = (tmp_path / "seed0/progress.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    blank = [",".join("" if key == "train_success_rate" else value for key, value in zip(header, row.split(",")))
+             for row in rows[1:]]
+    (tmp_path / "seed0/progress.csv").write_text("\n".join([rows[0], *blank]) + "\n")  # no train success logged
+    (recipe,) = plot.group(plot.find_runs([tmp_path]))
+    summary = plot.summarise(recipe, reps=200, spans=(20_000,))
+    assert [(s["test"], s["train"]) for s in summary["spans"]["0"]] == [(0.2, None), (pytest.approx(0.5), None)]
+    assert "| 0.20 (1) | 0.50 (2) |" in plot.span_table([summary])  # test only
+
+
+def test_plot_names_bad_span_edges(tmp_path):
+    fake_run(tmp_path / "seed0", 0, [0.2, 0.4])
+    with pytest.raises(SystemExit) as exit:
+        plot.main([str(tmp_path), "-o", str(tmp_path / "c.png"), "--spans", "500k,250k"])
+    assert exit.value.code == 2 and not (tmp_path / "c.png").exists()
 
 
 @pytest.mark.parametrize("text", ["500k,250k", "250k,250k", "250k,x"])
