@@ -549,3 +549,45 @@ def test_normalizer_updates_preserve_the_on_policy_networks_functions():
         assert not torch.allclose(agent.inputs(obs, goals), normalised_before)  # the statistics did change
     torch.testing.assert_close(after[0], before[0], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(after[1], before[1], rtol=1e-4, atol=1e-5)
+
+
+
+def measured_htrpo_step(monkeypatch, uniform_policy: bool = False) -> tuple[dict, dict, float]:
+    """An HTRPO agent on 6 bits: bench/entropy_gradient.py's measures on learn()'s hindsight batch,
+    taken just before the real step on that batch, the step's metrics, and the agent's max_kl."""
+    from conftest import bench_script
+    from her_mpi.config import load_config
+    from her_mpi.envs import env_spec, make_env
+    from her_mpi.trainer import build_agent
+
+    fisher_measures = bench_script("entropy_gradient").fisher_measures
+    config = load_config(None, ["algo=htrpo", "env.id=BitFlipping-v0", "env.kwargs={n_bits: 6}", "algo.hidden=[16]"])
+    env = make_env(config.env, seed=0)
+    agent = build_agent(config, env_spec(env, "BitFlipping-v0"), env, np.random.SeedSequence(0))
+    if uniform_policy:  # zero logits: every action equally likely, the entropy at its maximum
+        last = [m for m in agent.policy_net.modules() if isinstance(m, torch.nn.Linear)][-1]
+        with torch.no_grad():
+            last.weight.zero_(), last.bias.zero_()
+    episodes, _ = collect(agent, config, n_episodes=8)
+    seen, step = {}, type(agent).policy_step
+
+    def measure_then_step(batch):
+        seen["measures"] = fisher_measures(agent, batch)
+        return step(agent, batch)
+
+    monkeypatch.setattr(agent, "policy_step", measure_then_step)
+    metrics = agent.learn(episodes)
+    return seen["measures"], metrics, agent.params.max_kl
+
+
+def test_entropy_gradient_diagnostic_measures_in_the_steps_own_fisher_metric(monkeypatch):
+    measures, metrics, max_kl = measured_htrpo_step(monkeypatch)
+    assert measures["fisher_norm_entropy"] > 0 and -1 <= measures["fisher_cosine"] <= 1
+    # the trust-region step s = sqrt(2 max_kl / d.Fd) d with d = F^-1 g, so g.s = sqrt(2 max_kl) |g|_F
+    np.testing.assert_allclose(metrics["expected_improvement"],
+                               math.sqrt(2 * max_kl) * measures["fisher_norm_surrogate"], rtol=1e-3)
+
+
+def test_entropy_gradient_vanishes_at_the_uniform_policy(monkeypatch):
+    measures, _, _ = measured_htrpo_step(monkeypatch, uniform_policy=True)
+    assert measures["fisher_norm_entropy"] < 1e-4 * measures["fisher_norm_surrogate"]

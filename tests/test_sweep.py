@@ -16,7 +16,7 @@ import pytest
 import yaml
 from scipy import stats
 
-from conftest import ROOT, describe, mpi_env, run_mpi
+from conftest import ROOT, bench_script, describe, mpi_env, run_mpi
 from her_mpi import plot
 from her_mpi.config import ConfigError, load_config
 from her_mpi.sweep import parse_seeds
@@ -410,15 +410,6 @@ def test_plot_names_a_directory_without_runs(tmp_path):
     result = subprocess.run([sys.executable, "-m", "her_mpi.plot", str(tmp_path)], capture_output=True,
                             text=True, env=mpi_env(), cwd=ROOT, timeout=120)
     assert result.returncode != 0 and "no runs under" in result.stderr
-
-
-def bench_script(name: str):
-    """A bench/ script as a module (bench/ is not a package)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_collecting_a_sweep_again_keeps_finished_runs_whose_directory_is_gone(tmp_path, capsys):
