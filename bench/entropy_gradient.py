@@ -7,9 +7,12 @@ entropy bonus c * H the gradient is g_s + c * g_e (surrogate, entropy), so the b
 the step is set by the two gradients' sizes in the Fisher metric, |g|_F = sqrt(g . F^-1 g). This
 script collects exploration episodes with each run's checkpoints/latest.pt (one process), builds
 the hindsight batch as training does (the run's own settings: goals, weights, advantages), and
-prints |g_s|_F, |g_e|_F (the entropy term as the run's algo.entropy_weighting weights it, with
-coefficient 1), their ratio and their Fisher cosine; c = |g_s|_F / |g_e|_F is the bonus at which
-the entropy's push equals the objective's. Results: bench/results/<name>.json and .md.
+prints |g_s|_F, |g_e|_F (the entropy term with coefficient 1, weighted as ``--weighting`` says:
+uniform, the plain mean the levers' bonus uses, by default), their ratio and their Fisher cosine;
+c = |g_s|_F / |g_e|_F is the bonus at which the entropy's push equals the objective's. F is the
+trust region's Fisher on the whole batch (training may estimate it on a subsample,
+algo.hvp_subsample), damped as training damps it. Every batch starts from the checkpoint (learn()
+would refit a critic). Results: bench/results/<name>.json and .md.
 """
 
 from __future__ import annotations
@@ -34,13 +37,18 @@ from her_mpi.rollout import RolloutWorker  # noqa: E402
 from her_mpi.trainer import build_agent  # noqa: E402
 
 
-def fisher_measures(agent: HTRPO, batch: dict) -> dict[str, float]:
-    """|g_s|_F, |g_e|_F and their Fisher cosine on one hindsight batch, in place of a policy step."""
-    p = agent.params
+def objective_terms(agent: HTRPO, batch: dict, weighting: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """HTRPO's objective without its bonus, and the bonus's entropy term at coefficient 1."""
     ratio = (agent.policy_net.log_prob(batch["x"], batch["actions"]) - batch["old_log_prob"]).exp()
     surrogate = (batch["surrogate_coefficients"] * ratio * batch["advantages"]).sum()
-    weight = batch["uniform_coefficient"] if p.entropy_weighting == "uniform" else batch["surrogate_coefficients"]
-    entropy = (weight * agent.policy_net.entropy(batch["x"])).sum()
+    weight = batch["uniform_coefficient"] if weighting == "uniform" else batch["surrogate_coefficients"]
+    return surrogate, (weight * agent.policy_net.entropy(batch["x"])).sum()
+
+
+def fisher_measures(agent: HTRPO, batch: dict, weighting: str = "uniform") -> dict[str, float]:
+    """|g_s|_F, |g_e|_F and their Fisher cosine on one hindsight batch, in place of a policy step."""
+    p = agent.params
+    surrogate, entropy = objective_terms(agent, batch, weighting)
     g_s, g_e = agent.global_gradient(surrogate), agent.global_gradient(entropy)
     kl_gradient = agent.global_gradient(agent.divergence(batch, kl=p.kl), create_graph=True)
 
@@ -51,12 +59,12 @@ def fisher_measures(agent: HTRPO, batch: dict) -> dict[str, float]:
     d_s, d_e = conjugate_gradient(hvp, g_s, p.cg_iters), conjugate_gradient(hvp, g_e, p.cg_iters)
     norm_s, norm_e = float(g_s @ d_s) ** 0.5, float(g_e @ d_e) ** 0.5
     return {"fisher_norm_surrogate": norm_s, "fisher_norm_entropy": norm_e,
-            "fisher_cosine": float(g_e @ d_s) / max(norm_s * norm_e, 1e-30),
+            "fisher_cosine": float(g_e @ d_s) / max(norm_s * norm_e, 1e-30) if norm_e else 0.0,
             "euclid_norm_surrogate": float(g_s.norm()), "euclid_norm_entropy": float(g_e.norm()),
             "entropy": float(agent.policy_net.entropy(batch["x"][:1024]).mean().detach())}
 
 
-def measure(run: Path, n_episodes: int, n_batches: int) -> dict:
+def measure(run: Path, n_episodes: int, n_batches: int, weighting: str) -> dict:
     state = load_checkpoint(run / CHECKPOINT)
     config = config_from_dict(state["config"])
     if config.algo_name != "htrpo":
@@ -64,10 +72,10 @@ def measure(run: Path, n_episodes: int, n_batches: int) -> dict:
     worker = RolloutWorker(config.env, n_episodes, np.random.SeedSequence(12345))
     try:
         agent = build_agent(config, worker.spec, worker.envs[0], np.random.SeedSequence(1))
-        agent.load_state_dict(state["agent"])
         batches = []
-        agent.policy_step = lambda batch: batches.append(fisher_measures(agent, batch)) or {}
+        agent.policy_step = lambda batch: batches.append(fisher_measures(agent, batch, weighting)) or {}
         for _ in range(n_batches):  # learn() builds the batch exactly as training does, then "steps"
+            agent.load_state_dict(state["agent"])
             agent.start_episodes(n_episodes)
             agent.learn(worker.generate(lambda obs, g: agent.act(obs, g, explore=True), n_episodes))
     finally:
@@ -75,7 +83,7 @@ def measure(run: Path, n_episodes: int, n_batches: int) -> dict:
     mean = {k: float(np.mean([b[k] for b in batches])) for k in batches[0]}
     ratios = [b["fisher_norm_surrogate"] / b["fisher_norm_entropy"] for b in batches]
     return {"run": str(run), "env_steps": int(state.get("env_steps", 0) or 0), "batches": n_batches,
-            "episodes": n_episodes, "entropy_weighting": config.algo.entropy_weighting,
+            "episodes": n_episodes, "entropy_weighting": weighting,
             "entropy_coef": config.algo.entropy_coef, **mean,
             "balancing_coef": float(np.median(ratios)), "balancing_coef_range": [min(ratios), max(ratios)]}
 
@@ -85,11 +93,15 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", type=Path, help="run or sweep directories with checkpoints/latest.pt")
     parser.add_argument("--episodes", type=int, default=12, help="episodes per batch (training at np=2: 12)")
     parser.add_argument("--batches", type=int, default=3, help="batches measured per run (median ratio)")
+    parser.add_argument("--weighting", choices=("uniform", "surrogate"), default="uniform",
+                        help="the entropy term's row weights (algo.entropy_weighting's meanings)")
     parser.add_argument("--name", default="entropy_gradient", help="results file stem in bench/results/")
     args = parser.parse_args()
+    if args.episodes < 1 or args.batches < 1:
+        parser.error(f"--episodes {args.episodes} and --batches {args.batches}: expected integers >= 1")
     rows = []
     for run in run_dirs(args.runs):
-        row = measure(run, args.episodes, args.batches)
+        row = measure(run, args.episodes, args.batches, args.weighting)
         print(f"{row['run']}: entropy {row['entropy']:.3f}, |g_s|_F {row['fisher_norm_surrogate']:.3g}, "
               f"|g_e|_F {row['fisher_norm_entropy']:.3g}, cosine {row['fisher_cosine']:+.2f}, "
               f"balancing coef {row['balancing_coef']:.3g} (range {row['balancing_coef_range'][0]:.3g}-"
@@ -97,7 +109,8 @@ def main() -> None:
         rows.append(row)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(rows, indent=1) + "\n")
-    lines = ["| run | env steps | entropy | Fisher norm surrogate | Fisher norm entropy (coef 1) | Fisher cosine |"
+    lines = [f"Entropy term weighted `{args.weighting}`, coefficient 1.", "",
+             "| run | env steps | entropy | Fisher norm surrogate | Fisher norm entropy (coef 1) | Fisher cosine |"
              " balancing coef (median, range) |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {r['run']} | {r['env_steps']:,} | {r['entropy']:.3f} | {r['fisher_norm_surrogate']:.3g} | "
               f"{r['fisher_norm_entropy']:.3g} | {r['fisher_cosine']:+.2f} | {r['balancing_coef']:.3g} "

@@ -181,7 +181,7 @@ ms_pacman_htrpo_levers)  # issue 13: levers on ms_pacman_goal_htrpo (0.506 / 0.3
     # ms_pacman_goal_htrpo_authors), and
     # authors_all with the recipe's entropy bonus kept (authors_bonus: authors_all's entropy falls to 0.07 by 700k and
     # its success plateaus; the bonus did not change that on seed 0); authors_bonus10: ten times that bonus (0.03;
-    # bench/entropy_gradient.py: 0.003 is <= 7 % of the step; at 500k it helps seed 2, slows seed 0). LEVERS picks some; SEEDS others
+    # bench/entropy_gradient.py: 0.003 is <= 1 % of the step; at 500k it helps seed 2, slows seed 0). LEVERS picks some; SEEDS others
     authors_inputs="normalizer.enabled=false algo.activation=tanh"
     authors_path="$authors_inputs algo.is_normaliser=running algo.critic=false algo.original_goals=false"
     declare -A lever=([batch2x]="train.rollouts_per_rank=12 train.n_cycles=50" [kl2x]="algo.max_kl=4.0e-5" [goals32]="algo.n_goals=32"

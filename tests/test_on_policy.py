@@ -69,6 +69,11 @@ def test_conjugate_gradient_solves_an_spd_system():
     torch.testing.assert_close(H @ x, b, rtol=1e-6, atol=1e-8)
 
 
+def test_conjugate_gradient_of_a_zero_gradient_is_zero_not_nan():
+    x = conjugate_gradient(lambda v: 2 * v, torch.zeros(5), iterations=10)
+    torch.testing.assert_close(x, torch.zeros(5))
+
+
 def test_goal_filtering_keeps_goals_inside_the_desired_goal_box_spread_out():
     original = np.array([[0.0, 0.0, 0.5], [1.0, 1.0, 0.5], [0.5, 0.2, 0.5]])  # z does not vary
     inside = np.array([[0.1, 0.1, 0.4], [0.9, 0.9, 0.7], [0.12, 0.1, 0.4], [0.5, 0.5, 0.6]])
@@ -573,16 +578,38 @@ def measured_htrpo_step(monkeypatch, uniform_policy: bool = False) -> tuple[dict
 
     def measure_then_step(batch):
         seen["measures"] = fisher_measures(agent, batch)
+        seen["terms"] = {w: terms_against_the_bonus(agent, batch, w) for w in ("uniform", "surrogate")}
         return step(agent, batch)
 
     monkeypatch.setattr(agent, "policy_step", measure_then_step)
     metrics = agent.learn(episodes)
-    return seen["measures"], metrics, agent.params.max_kl
+    return seen["measures"] | {"terms": seen["terms"]}, metrics, agent.params.max_kl
+
+
+def terms_against_the_bonus(agent, batch, weighting: str) -> tuple[float, float, float]:
+    """entropy_gradient.py's entropy term, and the same from HTRPO's surrogate() with a bonus of 0.5
+    and without (difference / 0.5); its objective term, and surrogate() without the bonus."""
+    import dataclasses
+
+    from conftest import bench_script
+    surrogate, entropy = bench_script("entropy_gradient").objective_terms(agent, batch, weighting)
+    params = agent.params
+    with torch.no_grad():
+        agent.params = dataclasses.replace(params, entropy_coef=0.0)
+        plain = float(agent.surrogate(batch))
+        agent.params = dataclasses.replace(params, entropy_coef=0.5, entropy_weighting=weighting)
+        with_bonus = float(agent.surrogate(batch))
+    agent.params = params
+    return float(entropy), (with_bonus - plain) / 0.5, float(surrogate) - plain
 
 
 def test_entropy_gradient_diagnostic_measures_in_the_steps_own_fisher_metric(monkeypatch):
     measures, metrics, max_kl = measured_htrpo_step(monkeypatch)
     assert measures["fisher_norm_entropy"] > 0 and -1 <= measures["fisher_cosine"] <= 1
+    for weighting, (entropy, from_the_bonus, objective_gap) in measures["terms"].items():
+        assert entropy == pytest.approx(from_the_bonus, rel=1e-4), weighting  # the bonus training would add
+        assert objective_gap == pytest.approx(0, abs=1e-6), weighting
+    assert measures["terms"]["uniform"][0] != pytest.approx(measures["terms"]["surrogate"][0], rel=1e-3)
     # the trust-region step s = sqrt(2 max_kl / d.Fd) d with d = F^-1 g, so g.s = sqrt(2 max_kl) |g|_F
     np.testing.assert_allclose(metrics["expected_improvement"],
                                math.sqrt(2 * max_kl) * measures["fisher_norm_surrogate"], rtol=1e-3)
@@ -590,4 +617,5 @@ def test_entropy_gradient_diagnostic_measures_in_the_steps_own_fisher_metric(mon
 
 def test_entropy_gradient_vanishes_at_the_uniform_policy(monkeypatch):
     measures, _, _ = measured_htrpo_step(monkeypatch, uniform_policy=True)
+    assert measures["euclid_norm_entropy"] < 1e-4 * measures["euclid_norm_surrogate"]
     assert measures["fisher_norm_entropy"] < 1e-4 * measures["fisher_norm_surrogate"]

@@ -203,13 +203,13 @@ def conjugate_gradient(hvp, b: torch.Tensor, iterations: int, tolerance: float =
     r, p = b.clone(), b.clone()
     r_dot = r @ r
     for _ in range(iterations):
+        if r_dot < tolerance:  # solved (b = 0 included, where alpha would be 0 / 0)
+            break
         hp = hvp(p)
         alpha = r_dot / (p @ hp)
         x += alpha * p
         r -= alpha * hp
         new_r_dot = r @ r
-        if new_r_dot < tolerance:
-            break
         p = r + (new_r_dot / r_dot) * p
         r_dot = new_r_dot
     return x
