@@ -23,7 +23,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS  # noqa: E402
@@ -37,26 +36,12 @@ from her_mpi.rollout import RolloutWorker  # noqa: E402
 from her_mpi.trainer import build_agent  # noqa: E402
 
 
-def objective_terms(agent: HTRPO, batch: dict, weighting: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """HTRPO's objective without its bonus, and the bonus's entropy term at coefficient 1."""
-    ratio = (agent.policy_net.log_prob(batch["x"], batch["actions"]) - batch["old_log_prob"]).exp()
-    surrogate = (batch["surrogate_coefficients"] * ratio * batch["advantages"]).sum()
-    weight = batch["uniform_coefficient"] if weighting == "uniform" else batch["surrogate_coefficients"]
-    return surrogate, (weight * agent.policy_net.entropy(batch["x"])).sum()
-
-
 def fisher_measures(agent: HTRPO, batch: dict, weighting: str = "uniform") -> dict[str, float]:
     """|g_s|_F, |g_e|_F and their Fisher cosine on one hindsight batch, in place of a policy step."""
-    p = agent.params
-    surrogate, entropy = objective_terms(agent, batch, weighting)
-    g_s, g_e = agent.global_gradient(surrogate), agent.global_gradient(entropy)
-    kl_gradient = agent.global_gradient(agent.divergence(batch, kl=p.kl), create_graph=True)
-
-    def hvp(vector: torch.Tensor) -> torch.Tensor:
-        product = torch.autograd.grad(kl_gradient @ vector, agent.policy_flat.params, retain_graph=True)
-        return torch.cat([g.reshape(-1) for g in product]) + p.cg_damping * vector
-
-    d_s, d_e = conjugate_gradient(hvp, g_s, p.cg_iters), conjugate_gradient(hvp, g_e, p.cg_iters)
+    g_s = agent.global_gradient(agent.importance_sampled_objective(batch))
+    g_e = agent.global_gradient(agent.entropy_term(batch, weighting))
+    hvp, iterations = agent.fisher_vector_product(batch), agent.params.cg_iters
+    d_s, d_e = conjugate_gradient(hvp, g_s, iterations), conjugate_gradient(hvp, g_e, iterations)
     norm_s, norm_e = float(g_s @ d_s) ** 0.5, float(g_e @ d_e) ** 0.5
     return {"fisher_norm_surrogate": norm_s, "fisher_norm_entropy": norm_e,
             "fisher_cosine": float(g_e @ d_s) / max(norm_s * norm_e, 1e-30) if norm_e else 0.0,

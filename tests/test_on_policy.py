@@ -556,7 +556,6 @@ def test_normalizer_updates_preserve_the_on_policy_networks_functions():
     torch.testing.assert_close(after[1], before[1], rtol=1e-4, atol=1e-5)
 
 
-
 def measured_htrpo_step(monkeypatch, uniform_policy: bool = False) -> tuple[dict, dict, float]:
     """An HTRPO agent on 6 bits: bench/entropy_gradient.py's measures on learn()'s hindsight batch,
     taken just before the real step on that batch, the step's metrics, and the agent's max_kl."""
@@ -587,12 +586,11 @@ def measured_htrpo_step(monkeypatch, uniform_policy: bool = False) -> tuple[dict
 
 
 def terms_against_the_bonus(agent, batch, weighting: str) -> tuple[float, float, float]:
-    """entropy_gradient.py's entropy term, and the same from HTRPO's surrogate() with a bonus of 0.5
-    and without (difference / 0.5); its objective term, and surrogate() without the bonus."""
+    """The entropy term entropy_gradient.py differentiates, and the same from HTRPO's surrogate() with
+    a bonus of 0.5 and without (difference / 0.5); its objective term, and surrogate() without the bonus."""
     import dataclasses
 
-    from conftest import bench_script
-    surrogate, entropy = bench_script("entropy_gradient").objective_terms(agent, batch, weighting)
+    surrogate, entropy = agent.importance_sampled_objective(batch), agent.entropy_term(batch, weighting)
     params = agent.params
     with torch.no_grad():
         agent.params = dataclasses.replace(params, entropy_coef=0.0)

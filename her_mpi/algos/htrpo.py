@@ -362,13 +362,20 @@ class HindsightAgent(OnPolicyAgent):
 
     def surrogate(self, batch) -> torch.Tensor:
         """This rank's part of the weighted importance-sampled objective (sum over ranks = total)."""
-        ratio = (self.policy_net.log_prob(batch["x"], batch["actions"]) - batch["old_log_prob"]).exp()
-        objective = (batch["surrogate_coefficients"] * ratio * batch["advantages"]).sum()
+        objective = self.importance_sampled_objective(batch)
         if self.params.entropy_coef:  # keeps the policy from collapsing onto one dash (FetchReachDiscrete)
-            uniform = self.params.entropy_weighting == "uniform"
-            weight = batch["uniform_coefficient"] if uniform else batch["surrogate_coefficients"]
-            objective = objective + self.params.entropy_coef * (weight * self.policy_net.entropy(batch["x"])).sum()
+            objective = objective + self.params.entropy_coef * self.entropy_term(batch, self.params.entropy_weighting)
         return objective
+
+    def importance_sampled_objective(self, batch) -> torch.Tensor:
+        """The objective without its entropy bonus (this rank's part)."""
+        ratio = (self.policy_net.log_prob(batch["x"], batch["actions"]) - batch["old_log_prob"]).exp()
+        return (batch["surrogate_coefficients"] * ratio * batch["advantages"]).sum()
+
+    def entropy_term(self, batch, weighting: str) -> torch.Tensor:
+        """The entropy bonus at coefficient 1: each row's entropy weighted uniformly or as its surrogate term."""
+        weight = batch["uniform_coefficient"] if weighting == "uniform" else batch["surrogate_coefficients"]
+        return (weight * self.policy_net.entropy(batch["x"])).sum()
 
     def divergence(self, batch, rows: torch.Tensor | None = None, kl: str = "qkl") -> torch.Tensor:
         """This rank's part of the trust-region quantity D (paper units, module docstring) between
@@ -403,6 +410,18 @@ class HTRPO(HindsightAgent):
         grads = torch.autograd.grad(value, self.policy_flat.params, create_graph=create_graph)
         return torch.cat([g.reshape(-1) for g in grads])
 
+    def fisher_vector_product(self, batch, rows: torch.Tensor | None = None):
+        """v -> (F + cg_damping) v, F the trust region's curvature over all ranks (from ``rows`` only, when given)."""
+        p = self.params
+        kl_gradient = self.global_gradient(self.divergence(batch, rows, p.kl), create_graph=True)
+
+        def hvp(vector: torch.Tensor) -> torch.Tensor:
+            product = torch.autograd.grad(kl_gradient @ vector, self.policy_flat.params, retain_graph=True)
+            product = torch.cat([g.reshape(-1) for g in product])
+            mpi.allreduce_sum_(product.numpy())
+            return product + p.cg_damping * vector
+        return hvp
+
     def policy_step(self, batch) -> dict[str, float]:
         p = self.params
         gradient = self.global_gradient(self.surrogate(batch))
@@ -411,14 +430,7 @@ class HTRPO(HindsightAgent):
         if p.hvp_subsample < 1:
             n = len(batch["x"])
             rows = torch.randperm(n, generator=self.torch_rng)[: max(1, int(round(n * p.hvp_subsample)))]
-        kl_gradient = self.global_gradient(self.divergence(batch, rows, p.kl), create_graph=True)
-
-        def hvp(vector: torch.Tensor) -> torch.Tensor:
-            product = torch.autograd.grad(kl_gradient @ vector, self.policy_flat.params, retain_graph=True)
-            product = torch.cat([g.reshape(-1) for g in product])
-            mpi.allreduce_sum_(product.numpy())
-            return product + p.cg_damping * vector
-
+        hvp = self.fisher_vector_product(batch, rows)
         direction = conjugate_gradient(hvp, gradient, p.cg_iters)
         curvature = float(direction @ hvp(direction))
         step = np.sqrt(2 * p.max_kl / max(curvature, 1e-30)) * direction
