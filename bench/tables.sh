@@ -20,8 +20,8 @@
 #     bench/tables.sh htrpo_push      # HTRPO continuous FetchPush, 2M steps (issue 13)
 #     bench/tables.sh ms_pacman       # HTRPO and DQN+HER on MsPacmanGoal, 2M steps (issue 13)
 #     bench/tables.sh ms_pacman_htrpo_levers  # ... HTRPO levers screened on seed 0 to 500k (LEVERS=..., MAX_STEPS=...)
-#     MAX_STEPS=2000000 LEVERS=authors_all SEEDS="0 1 2" bench/tables.sh ms_pacman_htrpo_levers  # ... the authors_all runs
-#         trained on to 2M: the runs of ms_pacman_goal_htrpo_authors (its settings, the same in effect)
+#     MAX_STEPS=2000000 LEVERS=authors_bonus10 SEEDS="0 1 2" bench/tables.sh ms_pacman_htrpo_levers  # ... the authors_bonus10
+#         runs trained on to 2M: the runs of ms_pacman_goal_htrpo_authors (its settings, the same in effect)
 #     bench/tables.sh hpg_screen      # HPG's step size and batch on 8 bits, seed 0; htrpo_vs_hpg: HTRPO vs HPG, seeds 1-3
 #     bench/tables.sh htrpo_reach     # HTRPO on continuous FetchReach, seeds 1-3 (the recipe was tuned on seed 0)
 #     bench/tables.sh htrpo_reach_hold  # ... with copies that run past their first success (algo.hold_goal)
@@ -177,11 +177,11 @@ ms_pacman_htrpo_levers)  # issue 13: levers on ms_pacman_goal_htrpo (0.506 / 0.3
     # screened on seed 0 to 500k steps (the recipe there: 0.30): twice the episodes per iteration (a less noisy
     # natural gradient), twice the trust region, twice the hindsight goals. Then the authors' code where it differs:
     # the raw goal cell (they normalise no input of this env) and tanh layers (authors_inputs); weighted IS over the
-    # copies still running (running_is); both with their critic-free, own-goal-free, bonus-free settings (authors_all, now the recipe
-    # ms_pacman_goal_htrpo_authors), and
+    # copies still running (running_is); both with their critic-free, own-goal-free, bonus-free settings (authors_all), and
     # authors_all with the recipe's entropy bonus kept (authors_bonus: authors_all's entropy falls to 0.07 by 700k and
     # its success plateaus; the bonus did not change that on seed 0); authors_bonus10: ten times that bonus (0.03;
-    # bench/entropy_gradient.py: 0.003 is <= 1 % of the step; at 500k it helps seed 2, slows seed 0). LEVERS picks some; SEEDS others
+    # bench/entropy_gradient.py: 0.003 is <= 1 % of the step; at 500k it helps seed 2, slows seed 0; to 2M it passes the
+    # bonus-free plateaus: now the recipe ms_pacman_goal_htrpo_authors). LEVERS picks some; SEEDS others
     authors_inputs="normalizer.enabled=false algo.activation=tanh"
     authors_path="$authors_inputs algo.is_normaliser=running algo.critic=false algo.original_goals=false"
     declare -A lever=([batch2x]="train.rollouts_per_rank=12 train.n_cycles=50" [kl2x]="algo.max_kl=4.0e-5" [goals32]="algo.n_goals=32"

@@ -386,10 +386,10 @@ def test_a_resume_refuses_only_what_its_command_sets(tmp_path, capsys):
 
 
 def test_the_pacman_authors_recipe_is_the_screened_lever():
-    """ms_pacman_goal_htrpo_authors's evidence is the authors_all lever's runs (bench/tables.sh
+    """ms_pacman_goal_htrpo_authors's evidence is the authors_bonus10 lever's runs (bench/tables.sh
     ms_pacman_htrpo_levers trained on to 2M): the recipe must train what that lever trains."""
     command = subprocess.run(["bash", str(ROOT / "bench" / "tables.sh"), "ms_pacman_htrpo_levers"], check=True,
-                             capture_output=True, text=True, env={**os.environ, "DRY_RUN": "1", "LEVERS": "authors_all",
+                             capture_output=True, text=True, env={**os.environ, "DRY_RUN": "1", "LEVERS": "authors_bonus10",
                                                                   "SEEDS": "0", "MAX_STEPS": "2000000"}).stdout.split()
     lever = [command[i + 1] for i, word in enumerate(command) if word == "--set"]
     with warnings.catch_warnings():
