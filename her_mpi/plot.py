@@ -326,7 +326,9 @@ def plot(recipes: list[Recipe], summaries: list[dict], output: Path, title: str)
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for recipe, summary in zip(recipes, summaries):
         curve = summary["curve"]
-        line, = ax.plot(curve["env_steps"], curve["iqm"], marker="o", markersize=2.5, label=recipe.label)
+        # a label of many --set overrides wraps: unwrapped, tight_layout shrinks the axes to make room for it
+        line, = ax.plot(curve["env_steps"], curve["iqm"], marker="o", markersize=2.5,
+                        label=textwrap.fill(recipe.label, 90))
         if len(recipe.runs) > 1:
             ax.fill_between(curve["env_steps"], curve["ci95_low"], curve["ci95_high"], color=line.get_color(),
                             alpha=0.2, linewidth=0)

@@ -406,6 +406,22 @@ def test_plot_command_writes_png_markdown_and_json(tmp_path):
     assert "fetch_push_td3" in markdown and "not reached" in markdown and "| 3 (0, 1, 2) |" in markdown
 
 
+def test_a_long_recipe_label_leaves_the_curve_most_of_the_figure(tmp_path, monkeypatch):
+    """A label of many overrides once made tight_layout squeeze the axes into a sliver of the PNG."""
+    import matplotlib.pyplot as plt
+
+    fake_run(tmp_path / "seed0", 0, [0.2, 0.4])
+    (recipe,) = plot.group(plot.find_runs([tmp_path]))
+    recipe.label = ("ms_pacman_goal_htrpo normalizer.enabled=false algo.activation=tanh algo.is_normaliser=running "
+                    "algo.critic=false algo.original_goals=false algo.entropy_coef=0.03 train.max_env_steps=2000000 "
+                    "(np=2, 3 seeds)")  # a real one: unwrapped, the axes kept 0.27 of the width
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)  # keep the figure to measure it
+    plot.plot([recipe], [plot.summarise(recipe, reps=50)], tmp_path / "c.png", "title")
+    (axes,) = figures[0].axes
+    assert axes.get_position().width > 0.7
+
+
 def test_plot_names_a_directory_without_runs(tmp_path):
     result = subprocess.run([sys.executable, "-m", "her_mpi.plot", str(tmp_path)], capture_output=True,
                             text=True, env=mpi_env(), cwd=ROOT, timeout=120)
