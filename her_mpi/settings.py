@@ -128,7 +128,17 @@ class TrainConfig:
     max_env_steps: int | None = setting(None, "stop after the first epoch that brings the env steps of all ranks "
                                               "to this many (null: n_epochs alone sets the budget)")
 
+    # A frozen host or a network partition would otherwise hang every other rank in its next
+    # collective until the wall-clock limit. Healthy phases between two collectives last seconds
+    # (a checkpoint of a full replay buffer, rank 0's video: a minute at most); progress.csv's
+    # wait_max_s shows a run's own longest wait.
+    hang_timeout_s: float = setting(600.0, "seconds a rank waits on its peers in one collective before the job "
+                                           "ends with exit status 5, naming the ranks that did not answer (0: wait "
+                                           "forever)")
+
     def validate(self, path: str) -> None:
+        check(self.hang_timeout_s == 0 or self.hang_timeout_s >= 1, f"{path}.hang_timeout_s", self.hang_timeout_s,
+              "0 (no timeout) or a number of seconds >= 1")
         for name in ("n_epochs", "n_cycles", "batch_size", "rollouts_per_rank", "torch_threads"):
             check(getattr(self, name) >= 1, f"{path}.{name}", getattr(self, name), "an integer >= 1")
         for name in ("n_batches", "n_test_episodes", "seed", "sync_check_every", "random_steps"):

@@ -4,35 +4,42 @@ Every rank runs this same program. Configs, env ids and checkpoints are validate
 before the first collective; if any rank finds a problem, all ranks exit with status 2 and
 rank 0 prints what is wrong. After that an exception on any rank aborts the whole job.
 
-Exit statuses (every rank exits with the same one, and so does mpirun):
+Exit statuses (every rank exits with the same one, and so does mpirun while every host answers):
 
-* 0  trained to ``train.n_epochs``;
+* 0  trained to its budget;
 * 1  a rank crashed (its traceback is printed) or was killed; the job was aborted. The last
      complete checkpoint is on disk: ``--resume`` continues from it;
 * 2  bad input (config, env, checkpoint, run directory), reported before any training;
 * 3  a non-finite loss, gradient or parameter; stopped without writing a checkpoint from it;
 * 4  a checkpoint, replay or log file could not be written (disk full, read-only directory);
      the previous checkpoint is intact;
+* 5  a rank waited on its peers longer than ``train.hang_timeout_s`` (a frozen host, a network
+     partition); the message names the ranks that did not answer; the last checkpoint is intact;
 * 75 stopped by SIGTERM, SIGINT or SIGUSR1 (on any rank) after finishing the current cycle and
      writing a checkpoint; ``--resume RUN_DIR`` continues exactly (``EX_TEMPFAIL``: try again).
+
+The run directory's ``status.json`` (:mod:`her_mpi.run_status`) says the same, and is the word to
+trust when a host is lost: mpirun's own exit status may then be 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
 import yaml
 
-from her_mpi import mpi
+from her_mpi import mpi, run_status
 from her_mpi.checkpoint import CheckpointWriteError, atomic_write, load_checkpoint
 from her_mpi.config import (RECIPES_DIR, SECTIONS, Config, ConfigError, apply_override, check_unused,
                             config_from_dict, list_keys, load_config, overrides_tree, recipe_names)
 from her_mpi.provenance import provenance
-
-EXIT_OK, EXIT_CRASHED, EXIT_BAD_INPUT, EXIT_NON_FINITE, EXIT_WRITE_FAILED, EXIT_PREEMPTED = 0, 1, 2, 3, 4, 75
+from her_mpi.run_status import (EXIT_BAD_INPUT, EXIT_CRASHED, EXIT_HUNG, EXIT_NON_FINITE, EXIT_OK,  # noqa: F401
+                                EXIT_PREEMPTED, EXIT_WRITE_FAILED)
+from her_mpi.stop_signals import StopSignals
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -75,8 +82,11 @@ def keys_text(args: argparse.Namespace) -> str:
     return list_keys(None if args.list_keys == "all" else args.list_keys, algo)
 
 
-def resolve(args: argparse.Namespace) -> tuple[Config, Path, dict | None]:
-    """Config, run directory and checkpoint to resume from; raises ConfigError on bad input."""
+def resolve(args: argparse.Namespace, stamp: str | None = None) -> tuple[Config, Path, dict | None]:
+    """Config, run directory and checkpoint to resume from; raises ConfigError on bad input.
+
+    ``stamp`` names a new default run directory (``runs/<env>-<algo>-<stamp>``); every rank must
+    pass the same one (rank 0's: ranks that name it from their own clocks scatter over several)."""
     resume = None
     if args.resume:
         resume = load_checkpoint(args.resume)
@@ -101,8 +111,7 @@ def resolve(args: argparse.Namespace) -> tuple[Config, Path, dict | None]:
             raise ConfigError(f"--run-dir {str(run_dir)!r} already holds a run; use --resume "
                               f"{run_dir} to continue it or choose another directory")
     else:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        run_dir = Path("runs") / f"{config.env.id}-{config.algo_name}-{stamp}"
+        run_dir = Path("runs") / f"{config.env.id}-{config.algo_name}-{stamp or time.strftime('%Y%m%d-%H%M%S')}"
     return config, run_dir, resume
 
 
@@ -168,14 +177,38 @@ def main(argv=None) -> int:
         if mpi.is_root():
             print(text)
         return 0
-    return mpi.run_guarded(lambda: _main(args))
+    mpi.die_with_launcher()
+    run = RunRecord()
+    # Caught from here: a stop request during start-up (imports, envs, a replay buffer's load) stops
+    # the run after its first cycle, with a checkpoint, instead of killing the rank.
+    with StopSignals() as signals:
+        return mpi.run_guarded(lambda: _main(args, signals, run), on_crash=run.crashed)
 
 
-def _main(args: argparse.Namespace) -> int:
-    trainer, error, run_dir, config = None, None, None, None
+class RunRecord:
+    """This job's entries in the run record (:mod:`her_mpi.run_status`), once the run directory is known.
+
+    Rank 0 writes them, except for a crash or a hang, which the rank that saw it records."""
+
+    def __init__(self):
+        self.run_dir: Path | None = None
+
+    def write(self, state: str, message: str = "", everyone: bool = False, **details) -> None:
+        if self.run_dir is not None and (everyone or mpi.is_root()):
+            run_status.write(self.run_dir, state, message, n_ranks=mpi.size(), **details)
+
+    def crashed(self, traceback_text: str) -> None:
+        last = traceback_text.strip().splitlines()[-1] if traceback_text.strip() else "an exception"
+        self.write("crashed", f"rank {mpi.rank()} raised {last}", everyone=True, rank=mpi.rank())
+
+
+def _main(args: argparse.Namespace, signals: StopSignals, run: RunRecord) -> int:
+    trainer, error, config = None, None, None
+    # rank 0's clock names a new run's directory, for every rank
+    stamp = mpi.broadcast_object(time.strftime("%Y%m%d-%H%M%S"))
     try:  # the envs are closed however the run ends
         try:
-            config, run_dir, resume = resolve(args)
+            config, run_dir, resume = resolve(args, stamp)
             if args.print_config:
                 if mpi.is_root():
                     print(config.to_yaml(), end="")
@@ -186,19 +219,19 @@ def _main(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             error = str(exc)
         # All ranks meet here, whatever happened, so no rank is left waiting in a later collective.
-        reports = mpi.allgather_object((error, str(run_dir) if run_dir else None))
-        failures = [(r, e) for r, (e, _) in enumerate(reports) if e]
+        reports = mpi.allgather_object(error)
+        failures = [(r, e) for r, e in enumerate(reports) if e]
         if failures:
             rank, message = failures[0]
             if mpi.is_root():
                 where = f" (on rank {rank})" if mpi.size() > 1 and any(e != message for _, e in failures) else ""
                 print(f"her_mpi.train: error{where}: {message}", file=sys.stderr, flush=True)
             return EXIT_BAD_INPUT
-        trainer.run_dir = Path(reports[0][1])  # rank 0's choice (the default name holds a timestamp)
         error = None
         if mpi.is_root():
             try:
                 record_run_start(args, config, trainer.run_dir, resume)
+                run_status.write(trainer.run_dir, "running", "training", n_ranks=mpi.size())
             except (CheckpointWriteError, OSError) as exc:
                 error = str(exc)
         error = mpi.broadcast_object(error)
@@ -206,32 +239,70 @@ def _main(args: argparse.Namespace) -> int:
             if mpi.is_root():
                 print(f"her_mpi.train: error: {error}", file=sys.stderr, flush=True)
             return EXIT_WRITE_FAILED
+        run.run_dir = trainer.run_dir
         if mpi.is_root():
-            print(f"her_mpi: {config.env.id} with {trainer.algo} on {mpi.size()} rank(s); "
-                  f"writing to {trainer.run_dir}", flush=True)
-        return train_until_done(trainer)
+            print(f"her_mpi: {config.env.id} with {trainer.algo} on {mpi.size()} rank(s) "
+                  f"({describe_hosts(mpi.processor_names())}); writing to {trainer.run_dir}", flush=True)
+        else:
+            mpi.processor_names()
+        watchdog = mpi.Watchdog(config.train.hang_timeout_s, lambda report: hung(report, trainer, run)).start()
+        status = train_until_done(trainer, signals, run)
+        watchdog.stop()
+        return status
     finally:
         if trainer is not None:
             trainer.close()
 
 
-def train_until_done(trainer) -> int:
-    """Run the trainer; a halt that every rank reached alike becomes its documented status."""
+def describe_hosts(names: list[str]) -> str:
+    """``2 hosts: node-a x4, node-b x4`` (ranks per host, in rank order)."""
+    counts = {name: names.count(name) for name in dict.fromkeys(names)}
+    return f"{len(counts)} host{'s' if len(counts) > 1 else ''}: " + ", ".join(f"{h} x{n}" for h, n in counts.items())
+
+
+def train_until_done(trainer, signals: StopSignals, run: RunRecord) -> int:
+    """Run the trainer; a halt that every rank reached alike becomes its documented status, and the
+    run record says how the run ended. "finished" only once every rank has come back from training."""
     from her_mpi.trainer import CheckpointFailed, NonFiniteError, Preempted
 
     try:
-        trainer.run()
+        row = trainer.run(signals)
+        mpi.barrier()  # every rank is done: only now may the record say so
+        run.write("finished", "reached its budget", epoch=int(row.get("epoch", -1)) + 1,
+                  env_steps=int(row.get("env_steps", 0)), test_success_rate=row.get("test_success_rate"))
         return EXIT_OK
     except Preempted as exc:
-        message, status = f"her_mpi.train: {exc}", EXIT_PREEMPTED
+        message, status, state = f"her_mpi.train: {exc}", EXIT_PREEMPTED, "stopped"
     except NonFiniteError as exc:
-        message, status = f"her_mpi.train: error: {exc}", EXIT_NON_FINITE
+        message, status, state = f"her_mpi.train: error: {exc}", EXIT_NON_FINITE, "non_finite"
     except CheckpointFailed as exc:
-        message, status = f"her_mpi.train: error: {exc}", EXIT_WRITE_FAILED
+        message, status, state = f"her_mpi.train: error: {exc}", EXIT_WRITE_FAILED, "write_failed"
     if mpi.is_root():
         print(message, file=sys.stderr, flush=True)
+        run.write(state, str(message).split(": ", 1)[-1].removeprefix("error: "))
     mpi.barrier()  # nobody exits (mpirun then stops the others) before every rank is done
     return status
+
+
+def hung(report: mpi.HangReport, trainer, run: RunRecord) -> None:
+    """The watchdog's verdict (on its own thread): say who did not answer, record it, end this rank.
+
+    Every waiting rank gets here; the lowest of them reports for all, the others leave it time to."""
+    me = report.me["rank"]
+    if me == report.reporter:
+        message = (f"{report.describe()}. Stopped after train.hang_timeout_s = {trainer.config.train.hang_timeout_s:g} s "
+                   f"(exit {EXIT_HUNG}); {trainer.last_checkpoint_text()}")
+        print(f"her_mpi.train: error: {message}", file=sys.stderr, flush=True)
+        try:
+            run.write("hung", message, everyone=True, rank=me, silent_ranks=report.silent)
+        except Exception:  # noqa: BLE001 - the exit below must happen whatever the record does
+            pass
+    else:
+        print(f"her_mpi.train: rank {me}: waited {report.me['waiting_s']:.0f} s for its peers; stopping "
+              f"(rank {report.reporter} reports)", file=sys.stderr, flush=True)
+        time.sleep(report.reply_window_s + 5.0)  # the reporter writes the record before mpirun ends the job
+    sys.stderr.flush()
+    os._exit(EXIT_HUNG)
 
 
 if __name__ == "__main__":

@@ -19,14 +19,13 @@ raises :class:`NonFiniteError` before any checkpoint is written from it; a faile
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import math
 import random
 import resource
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -42,6 +41,7 @@ from her_mpi.envs import EnvSpec, goal_functions
 from her_mpi.logger import RunLogger, progress_line
 from her_mpi.optim import NonFiniteValue
 from her_mpi.rollout import Episodes, RolloutWorker
+from her_mpi.stop_signals import StopSignals
 from her_mpi.video import TrainingVideos
 
 
@@ -105,37 +105,6 @@ def agent_from_checkpoint(state: dict) -> Agent:
 
 def evaluate(agent: Agent, worker: RolloutWorker, n_episodes: int) -> Episodes:
     return worker.generate(lambda obs, g: agent.act(obs, g, explore=False), n_episodes)
-
-
-class StopSignals:
-    """While active, SIGTERM, SIGINT and SIGUSR1 ask the run to stop after the current cycle.
-
-    Open MPI's mpirun kills its ranks within a second of its own SIGTERM or SIGINT but forwards
-    SIGUSR1, so under mpirun send SIGUSR1 to mpirun (or SIGTERM to the ranks, as srun and SLURM
-    do). A second SIGINT stops at once without a checkpoint (an impatient Ctrl-C)."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
-
-    def __init__(self):
-        self.received: str | None = None
-        self._previous: dict = {}
-
-    def _handle(self, signum, frame) -> None:
-        if signum == signal.SIGINT and self.received is not None:
-            raise KeyboardInterrupt
-        if self.received is None:
-            self.received = signal.Signals(signum).name
-
-    def __enter__(self) -> "StopSignals":
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
 
 
 @dataclasses.dataclass
@@ -223,10 +192,11 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------------------------------
 
-    def run(self) -> dict:
+    def run(self, signals: StopSignals | None = None) -> dict:
         """Train to ``n_epochs``; returns the last epoch's row. Collective from the first line.
 
-        Raises :class:`Preempted` after a stop signal (checkpoint written), :class:`NonFiniteError`
+        ``signals``: stop requests caught since before training (``her_mpi.train`` catches them from
+        its start, so a stop during start-up is not lost); by default caught from here on. Raises :class:`Preempted` after a stop signal (checkpoint written), :class:`NonFiniteError`
         or :class:`CheckpointFailed` (no new checkpoint), identically on every rank."""
         config, train = self.config, self.config.train
         if not self.resumed:
@@ -241,7 +211,7 @@ class Trainer:
         self.epoch_times: list[float] = []
         row: dict = {}
         try:
-            with StopSignals() as self.signals:
+            with contextlib.nullcontext(signals) if signals is not None else StopSignals() as self.signals:
                 # a resume at an epoch's end may already have the budget's env steps (a run extended by epochs)
                 resumed_spent = self.progress is None and self.env_budget_spent(self.resumed_env_steps)
                 for epoch in range(self.start_epoch, 0 if resumed_spent else train.n_epochs):
@@ -290,10 +260,13 @@ class Trainer:
         start = time.perf_counter() - progress.elapsed_s
         while progress.cycles_done < train.n_cycles:
             tick = time.perf_counter()
+            where = f"epoch {epoch + 1}, cycle {progress.cycles_done + 1}/{train.n_cycles}"
+            mpi.set_phase(f"collect ({where})")
             episodes = self.worker.generate(self._behaviour(), train.rollouts_per_rank)
             self.env_steps_per_rank += episodes.n_steps
             progress.train_success.append(float(episodes.success.mean()))
             tock = time.perf_counter()
+            mpi.set_phase(f"learn ({where})")
             try:
                 metrics = self.agent.learn(episodes)
             except NonFiniteValue as exc:  # the averaged gradient: every rank raises here alike
@@ -310,12 +283,14 @@ class Trainer:
                 self._save(epoch - 1, progress=progress)
                 raise Preempted(self._preempted_message(epoch, progress.cycles_done))
         tick = time.perf_counter()
+        mpi.set_phase(f"evaluate (epoch {epoch + 1})")
         test = evaluate(self.agent, self.test_worker, self.test_episodes_per_rank) \
             if self.test_episodes_per_rank else None
         progress.timing["time_eval_s"] = time.perf_counter() - tick
         row = self._epoch_row(epoch, progress, test, start)
         self.epoch_times.append(time.perf_counter() - start)
         self.agent.check_synced()
+        mpi.set_phase(f"checkpoint (epoch {epoch + 1})")
         self._save(epoch, row=row)
         if self.logger is not None:
             if (epoch + 1) % self.config.log.print_every == 0 or epoch + 1 == train.n_epochs:
@@ -327,6 +302,7 @@ class Trainer:
                 remaining = epochs_left * float(np.median(self.epoch_times[-5:]))
                 print(progress_line(row, train.n_epochs, self.epoch_times[-1], remaining), flush=True)
             if self.video is not None and self.video.due(epoch):  # rank 0 only, no collective
+                mpi.set_phase(f"video (epoch {epoch + 1})")
                 print(self.video.record(self.agent, epoch, row["env_steps"], self.logger.writer), flush=True)
         if self.preempted_by is not None and epoch + 1 < train.n_epochs:
             raise Preempted(self._preempted_message(epoch + 1, 0))
@@ -359,6 +335,8 @@ class Trainer:
         steps = np.array([self.env_steps_per_rank - self.resumed_env_steps_per_rank,
                           self.env_steps_per_rank - progress.steps_before], np.float64)
         new_steps, epoch_steps = mpi.allreduce_sum_(steps)
+        # the longest any rank waited on its peers in one collective: the margin to train.hang_timeout_s
+        row["wait_max_s"] = mpi.max_over_ranks(mpi.WAITS.take_longest())
         total_steps = self.resumed_env_steps + new_steps
         elapsed = time.perf_counter() - start
         row.update(epoch=epoch, env_steps=int(total_steps), env_steps_per_rank=self.env_steps_per_rank,
@@ -401,10 +379,10 @@ class Trainer:
         count, unit = (agent.n_iterations, "iteration") if hasattr(agent, "n_iterations") else (agent.n_updates, "update")
         step = f"{unit} {count + 1}" if during else f"found after {unit} {count}"
         return (f"{what} at epoch {epoch + 1} (cycle {cycle + 1}/{train.n_cycles}), {step}; stopped every "
-                f"rank without writing a checkpoint from it ({self._last_good()}). Lower the learning rates, "
+                f"rank without writing a checkpoint from it ({self.last_checkpoint_text()}). Lower the learning rates, "
                 f"check the env's observations and rewards for NaN/Inf, then --resume or start again")
 
-    def _last_good(self) -> str:
+    def last_checkpoint_text(self) -> str:
         if not self.generation:
             return "no checkpoint was written before"
         epoch, cycle = self.saved_position
@@ -452,7 +430,7 @@ class Trainer:
             outcome = errors[0] if errors else None
         outcome = mpi.broadcast_object(outcome)
         if outcome is not None:
-            raise CheckpointFailed(f"{outcome}. Stopped every rank; {self._last_good()}. Resume with "
+            raise CheckpointFailed(f"{outcome}. Stopped every rank; {self.last_checkpoint_text()}. Resume with "
                                    f"--resume {self.run_dir} once the directory can be written")
         self.generation = generation
         self.saved_position = (epoch, progress.cycles_done if progress is not None else 0)

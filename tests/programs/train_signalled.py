@@ -37,7 +37,7 @@ KILLS = {(int(r), int(c)) for r, c in parse("KILL_AT")}
 original_run = Trainer.run
 
 
-def run(self):
+def run(self, *args, **kwargs):
     if os.environ.get("PID_DIR"):
         pid_dir = Path(os.environ["PID_DIR"])
         pid_dir.mkdir(parents=True, exist_ok=True)
@@ -55,7 +55,7 @@ def run(self):
         return learn(episodes)
 
     self.agent.learn = learn_and_signal
-    return original_run(self)
+    return original_run(self, *args, **kwargs)
 
 
 Trainer.run = run

@@ -1,0 +1,172 @@
+"""Run a training job's launcher and report how the run ended from its record, not mpirun's exit status.
+
+    python -m her_mpi.launch -- mpirun --hostfile hosts -np 16 python -m her_mpi.train --config fetch_push_ddpg --run-dir runs/push
+
+Across hosts, Open MPI 5.0's ``mpirun`` is not a reliable witness: it can exit 0 when the launcher
+connection of one host dies with the run unfinished, and it waits forever for the daemon of a frozen
+host even after every healthy rank has stopped. This supervisor runs the command in a session of its
+own, forwards SIGINT, SIGTERM and SIGUSR1 to it (SIGUSR1: checkpoint and stop), watches the run
+record (``RUN_DIR/status.json``, :mod:`her_mpi.run_status`), ends a launcher that outlives its
+run's final record by ``--grace`` seconds, and exits with the record's status:
+
+* 0 finished; 1 crashed; 2 bad input; 3 non-finite; 4 a write failed; 5 hung (a rank stopped
+  answering); 75 stopped by a signal with a checkpoint;
+* 6 lost: the job ended while the record still said ``running`` (a lost host or rank, a killed
+  job), whatever mpirun's own status; the record is rewritten to say so.
+
+After 5, 6 and 75, ``--resume RUN_DIR`` continues from the last checkpoint. ``her_mpi.sweep`` and
+``launch/slurm_train.sbatch`` run their jobs through this supervisor. The training command must
+name its run directory (``--run-dir`` or ``--resume``): that is where the record is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from her_mpi import run_status
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+POLL_S = 0.5
+
+
+def training_run_dir(command: list[str]) -> Path | None:
+    """The run directory a ``her_mpi.train`` command line names with ``--run-dir`` or ``--resume``."""
+    for i, arg in enumerate(command):
+        for flag in ("--run-dir", "--resume"):
+            if arg == flag and i + 1 < len(command):
+                value = command[i + 1]
+            elif arg.startswith(flag + "="):
+                value = arg[len(flag) + 1:]
+            else:
+                continue
+            path = Path(value)
+            if flag == "--resume" and path.is_file() and path.parent.name == "checkpoints":
+                return path.parent.parent  # --resume RUN_DIR/checkpoints/latest.pt
+            return path
+    return None
+
+
+def die_with_parent() -> None:
+    """In the launcher's process, before exec: the kernel kills it when this supervisor dies, so a
+    launcher in a session of its own never outlives the supervisor (nor escapes a batch system)."""
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class Supervisor:
+    """One launcher process and the run record it should produce."""
+
+    def __init__(self, command: list[str], run_dir: Path, grace_s: float = 30.0, **popen):
+        self.command, self.run_dir, self.grace_s, self.popen = command, Path(run_dir), grace_s, popen
+        self.process: subprocess.Popen | None = None
+        self.started_at = 0.0
+        self.record_final_since: float | None = None  # when the record first said the run ended
+        self.ended_launcher = False
+
+    def start(self) -> "Supervisor":
+        self.started_at = time.time()
+        self.process = subprocess.Popen(self.command, start_new_session=True, preexec_fn=die_with_parent,
+                                        **self.popen)
+        return self
+
+    def send(self, signum: int) -> None:
+        if self.process is not None and self.process.poll() is None:
+            try:
+                self.process.send_signal(signum)
+            except ProcessLookupError:
+                pass
+
+    def poll(self) -> run_status.Verdict | None:
+        """None while the job runs; its verdict once the launcher is gone. Call every ~second."""
+        if self.process.poll() is None:
+            self._end_launcher_that_outlives_its_run()
+            return None
+        result = run_status.verdict(self.run_dir, self.process.returncode, started_after=self.started_at)
+        if result.state == "lost" and run_status.read(self.run_dir) is not None:
+            run_status.write(self.run_dir, "lost", result.message, launcher_exit_status=self.process.returncode)
+        return result
+
+    def _end_launcher_that_outlives_its_run(self) -> None:
+        """A record that says the run ended (hung, crashed, ...) while the launcher still runs after
+        the grace time: Open MPI waits for a frozen host's daemon forever. A second SIGINT is its
+        "forcibly terminate"; whatever is left of the launcher's session is then killed."""
+        record = run_status.read(self.run_dir)
+        final = record is not None and record["state"] not in ("running", "finished") and \
+            run_status.record_path(self.run_dir).stat().st_mtime >= self.started_at - 1.0
+        if not final:
+            return
+        now = time.monotonic()
+        if self.record_final_since is None:
+            self.record_final_since = now
+        elif now - self.record_final_since > self.grace_s and not self.ended_launcher:
+            self.ended_launcher = True
+            print(f"her_mpi.launch: the run ended ({record['state']}) but the launcher is still running "
+                  f"after {self.grace_s:g} s (a frozen host?); ending it", file=sys.stderr, flush=True)
+            for _ in range(2):
+                self.send(signal.SIGINT)
+                time.sleep(1.0)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+    def wait(self) -> run_status.Verdict:
+        while True:
+            result = self.poll()
+            if result is not None:
+                return result
+            time.sleep(POLL_S)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m her_mpi.launch", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
+                        help="how long the launcher may outlive its run's final record before it is ended "
+                             "(default 30)")
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="the launcher command after --, e.g. -- mpirun -np 8 python -m her_mpi.train ...")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        print("her_mpi.launch: error: no command given; expected -- mpirun ... python -m her_mpi.train ...",
+              file=sys.stderr)
+        return run_status.EXIT_BAD_INPUT
+    if args.grace < 0:
+        print(f"her_mpi.launch: error: --grace {args.grace:g}: expected a number of seconds >= 0", file=sys.stderr)
+        return run_status.EXIT_BAD_INPUT
+    run_dir = training_run_dir(command)
+    if run_dir is None:
+        print("her_mpi.launch: error: the training command names no run directory; add --run-dir DIR (or "
+              "--resume DIR): the run's record, DIR/status.json, says how it ended", file=sys.stderr)
+        return run_status.EXIT_BAD_INPUT
+    supervisor = Supervisor(command, run_dir, args.grace)
+    for signum in FORWARDED:
+        signal.signal(signum, lambda signum, frame: supervisor.send(signum))
+    try:
+        supervisor.start()
+    except OSError as exc:
+        print(f"her_mpi.launch: error: cannot run {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
+        return run_status.EXIT_BAD_INPUT
+    result = supervisor.wait()
+    print(f"her_mpi.launch: {result.state} (exit {result.exit_status}; launcher exit "
+          f"{supervisor.process.returncode}): {result.message}", file=sys.stderr, flush=True)
+    return result.exit_status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
