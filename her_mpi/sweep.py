@@ -5,7 +5,9 @@
 Each pair gets one run directory, ``OUT/<recipe>/seed<s>``. Run the same command again after
 stopping it (Ctrl-C, SIGTERM or SIGUSR1, a killed session, a reboot): finished runs are skipped and interrupted ones
 resume from their last checkpoint (replay buffers included), so at most one epoch per run is
-lost. Runs go one after another by default; ``--parallel K`` runs K at once (each with ``--np``
+lost. Each job runs under ``her_mpi.launch``, and how it ended is read from its run record
+(``status.json``), not from mpirun's exit status alone: a job whose host was lost or hung
+(``lost``, ``hung``) is resumed at once, up to ``--retries`` times. Runs go one after another by default; ``--parallel K`` runs K at once (each with ``--np``
 ranks, so K x np should not exceed the cores). One line is printed per finished run, with an
 overall ETA from the env-step throughput of the runs so far.
 
@@ -31,10 +33,12 @@ import numpy as np
 
 from her_mpi.config import ConfigError, load_config, resolve_recipe
 from her_mpi.logger import format_duration
+from her_mpi.run_status import EXIT_HUNG, EXIT_LOST, EXIT_PREEMPTED
 
 FINISHED = "finished.json"  # written by the sweep when a run's job exits cleanly at its budget
 DESCRIPTION = "sweep.json"  # recipe, seed and the sweep's overrides: how plot labels the run
-STOPPED = 75  # her_mpi.train's EXIT_PREEMPTED: stopped by a signal, checkpoint written
+STOPPED = EXIT_PREEMPTED  # stopped by a signal, checkpoint written
+RETRIED = (EXIT_HUNG, EXIT_LOST)  # a hung or lost host: resuming at once is the remedy
 STOP_GRACE_SECONDS = 300  # time for a stopped job to finish its cycle and checkpoint
 
 
@@ -133,9 +137,10 @@ def mpirun() -> str:
 
 
 def command(run: Run, n_ranks: int) -> list[str]:
+    """The job: mpirun under her_mpi.launch, which exits with the run record's verdict."""
     # --bind-to none: jobs started side by side (--parallel) would otherwise all pin rank 0 to core 0.
-    cmd = [mpirun(), "--oversubscribe", "--bind-to", "none", "-np", str(n_ranks), sys.executable,
-           "-m", "her_mpi.train"]
+    cmd = [sys.executable, "-m", "her_mpi.launch", "--", mpirun(), "--oversubscribe", "--bind-to", "none",
+           "-np", str(n_ranks), sys.executable, "-m", "her_mpi.train"]
     if run.can_resume():
         # the budget is this sweep's (recipe + --set), not the one saved with the run: a run capped
         # earlier (--set train.n_epochs=N) trains on to the recipe's budget when the cap is dropped
@@ -174,8 +179,10 @@ def last_row(run_dir: Path) -> dict:
 
 
 class Sweep:
-    def __init__(self, runs: list[Run], n_ranks: int, parallel: int, log_dir: Path):
+    def __init__(self, runs: list[Run], n_ranks: int, parallel: int, log_dir: Path, retries: int = 2):
         self.runs, self.n_ranks, self.parallel, self.log_dir = runs, n_ranks, parallel, log_dir
+        self.retries_left = {run: retries for run in runs}
+        self.queue: list[Run] = []
         self.failed: list[Run] = []
         self.jobs: dict[Run, tuple[subprocess.Popen, float, int]] = {}
 
@@ -193,11 +200,11 @@ class Sweep:
         for run in past:
             budget = f"{run.n_epochs} epochs" + (f" or {run.max_env_steps:,} env steps" if run.max_env_steps else "")
             print(f"  skipping {run.label}: {run.epochs_done()} epochs done, this sweep's budget is {budget}", flush=True)
-        queue = list(todo)
+        self.queue = list(todo)
         try:
-            while queue or self.jobs:
-                while queue and len(self.jobs) < self.parallel:
-                    self.start(queue.pop(0))
+            while self.queue or self.jobs:
+                while self.queue and len(self.jobs) < self.parallel:
+                    self.start(self.queue.pop(0))
                 self.reap()
                 time.sleep(0.5)
         except KeyboardInterrupt:
@@ -236,6 +243,14 @@ class Sweep:
                 print(f"  stopped {run.label} after {format_duration(elapsed)} (checkpoint written; "
                       "run the sweep again to resume it)", flush=True)
                 continue
+            if process.returncode in RETRIED and self.retries_left[run] > 0:
+                self.retries_left[run] -= 1
+                what = "hung" if process.returncode == EXIT_HUNG else "lost a host or rank"
+                print(f"  {run.label} {what} after {format_duration(elapsed)} (exit {process.returncode}); resuming "
+                      f"it from its last checkpoint ({self.retries_left[run]} retries left; log: "
+                      f"{self.log_dir / f'{run.name}_seed{run.seed}.log'})", file=sys.stderr, flush=True)
+                self.queue.insert(0, run)
+                continue
             if process.returncode != 0 or not run.reached_budget():
                 self.failed.append(run)
                 print(f"  FAILED {run.label}: exit {process.returncode} after {format_duration(elapsed)} "
@@ -266,8 +281,8 @@ class Sweep:
         return remaining / self.parallel
 
     def stop_all(self, why: str) -> None:
-        """Stop every job gracefully: SIGUSR1 to mpirun, which forwards it (Open MPI kills its ranks
-        at once on SIGTERM/SIGINT); the ranks finish their cycle, checkpoint and exit with
+        """Stop every job gracefully: SIGUSR1 to its launcher, which passes it to mpirun, which forwards
+        it (Open MPI kills its ranks at once on SIGTERM/SIGINT); the ranks finish their cycle, checkpoint and exit with
         STOPPED, so a resume continues exactly. A job that does not stop in time is killed (it
         resumes from its last checkpoint)."""
         for run, (process, _, _) in self.jobs.items():
@@ -296,6 +311,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="override applied to every run (repeatable)")
     parser.add_argument("--out", required=True, type=Path, help="sweep directory: OUT/<recipe>/seed<s>")
     parser.add_argument("--parallel", type=int, default=1, help="runs at once (default 1)")
+    parser.add_argument("--retries", type=int, default=2,
+                        help="times a run whose job hung or lost a host (exit 5 or 6) is resumed at once (default 2)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     return parser.parse_args(argv)
 
@@ -307,6 +324,8 @@ def main(argv=None) -> int:
             raise ConfigError(f"--np {args.n_ranks}: expected an integer >= 1 (MPI ranks per run)")
         if args.parallel < 1:
             raise ConfigError(f"--parallel {args.parallel}: expected an integer >= 1")
+        if args.retries < 0:
+            raise ConfigError(f"--retries {args.retries}: expected an integer >= 0")
         runs = plan(args.configs, parse_seeds(args.seeds), args.n_ranks, args.overrides, args.out)
         mpirun()
     except ConfigError as exc:
@@ -322,7 +341,7 @@ def main(argv=None) -> int:
                 if run.can_resume() else "new"
             print(f"{run.label}: {run.run_dir} ({state}): {' '.join(command(run, args.n_ranks))}")
         return 0
-    sweep = Sweep(runs, args.n_ranks, args.parallel, args.out / "logs")
+    sweep = Sweep(runs, args.n_ranks, args.parallel, args.out / "logs", args.retries)
     # A scheduler's stop (SIGTERM) or the signal train itself takes as "stop" (SIGUSR1): end the
     # jobs gracefully, as Ctrl-C does (SIGUSR1's default action would kill the sweep alone and
     # leave its job running unsupervised).

@@ -4,6 +4,7 @@ seeds (IQM with a stratified bootstrap interval, steps to a threshold)."""
 import argparse
 import csv
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -167,11 +168,48 @@ def test_sweep_stopped_mid_run_resumes_where_it_was(tmp_path):
     assert [int(r["epoch"]) for r in progress_rows(run_dir)] == list(range(done + 1))
 
 
+def training_ranks(run_dir) -> list[int]:
+    """The pids of the her_mpi.train ranks writing into ``run_dir`` (not mpirun, not the launcher)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().decode().split("\0")
+        except OSError:
+            continue
+        if argv[1:3] == ["-m", "her_mpi.train"] and str(run_dir) in argv:
+            found.append(int(cmdline.parent.name))
+    return found
+
+
+@pytest.mark.mpi
+def test_a_job_that_loses_a_rank_is_resumed_at_once_and_finishes(tmp_path):
+    out = tmp_path / "sweep"
+    process = subprocess.Popen([sys.executable, "-m", "her_mpi.sweep", "--out", str(out), *TINY_SWEEP, "--seeds", "0",
+                                "--set", "train.n_epochs=6"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env(), cwd=ROOT)
+    run_dir = out / "fetch_reach_td3" / "seed0"
+    try:
+        deadline = time.monotonic() + 300
+        while process.poll() is None and time.monotonic() < deadline:
+            if (run_dir / "progress.csv").is_file() and len(progress_rows(run_dir)) >= 2 and training_ranks(run_dir):
+                break
+            time.sleep(0.2)
+        os.kill(training_ranks(run_dir)[-1], signal.SIGKILL)  # like a node's OOM killer
+        stdout, stderr = process.communicate(timeout=300)
+    finally:
+        process.kill()
+    assert process.returncode == 0, f"{stdout}\n{stderr}"
+    assert "lost a host or rank" in stderr and "resuming it from its last checkpoint" in stderr
+    assert [int(r["epoch"]) for r in progress_rows(run_dir)] == list(range(6))
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"
+
+
 @pytest.mark.parametrize("args, message", [
     (["--config", "fetch_push_tdd3"], "did you mean fetch_push_td3"),
     (["--config", "fetch_push_td3", "--seeds", "3-1"], "--seeds '3-1'"),
     (["--config", "fetch_push_td3", "--np", "0"], "--np 0"),
     (["--config", "fetch_push_td3", "--parallel", "0"], "--parallel 0"),
+    (["--config", "fetch_push_td3", "--retries", "-1"], "--retries -1"),
     (["--config", "fetch_push_td3", "--set", "train.n_epoch=3"], "did you mean 'train.n_epochs'"),
     (["--config", "fetch_push_td3", "--set", "train.stop_success=0.9"], "compares runs at equal budgets"),
 ])

@@ -1,6 +1,7 @@
 """`python -m her_mpi.train` end to end under mpirun: run outputs, resume, and bad input."""
 
 import csv
+import json
 import math
 
 import pytest
@@ -11,7 +12,7 @@ from her_mpi.config import config_from_dict
 from her_mpi.envs import EnvSpec
 from her_mpi.trainer import agent_from_checkpoint, build_agent
 
-from conftest import TINY, describe, read_progress, run_mpi, run_python
+from conftest import PROGRAMS, TINY, describe, read_progress, run_mpi, run_python
 
 pytestmark = pytest.mark.mpi
 
@@ -43,6 +44,25 @@ def test_run_directory_contract(finished_run):
     for name in ("latest.pt", "best.pt", "epoch_0001.pt", "epoch_0002.pt"):
         assert (run_dir / "checkpoints" / name).is_file(), name
     assert not list((run_dir / "checkpoints").glob("*.tmp"))  # atomic writes leave no debris
+
+
+def test_the_run_record_says_finished_only_after_the_budget(finished_run):
+    run_dir, _ = finished_run
+    record = json.loads((run_dir / "status.json").read_text())
+    assert record["state"] == "finished" and record["exit_status"] == 0
+    assert record["epoch"] == 2 and record["n_ranks"] == 2
+
+
+def test_every_rank_writes_into_the_one_run_directory_rank_0_named(tmp_path):
+    # eight ranks whose clocks straddle second boundaries: each would name another default directory
+    first = run_mpi(8, [PROGRAMS / "train_clock_skewed.py", *TINY, "--set", "train.n_epochs=1"], cwd=tmp_path)
+    assert first.returncode == 0, describe(first)
+    runs = list((tmp_path / "runs").iterdir())
+    assert len(runs) == 1, runs
+    assert sorted(p.name for p in (runs[0] / "checkpoints").glob("replay_rank*")) == [f"replay_rank{r}" for r in range(8)]
+    resumed = run_mpi(8, ["-m", "her_mpi.train", "--resume", runs[0], "--set", "train.n_epochs=2"], cwd=tmp_path)
+    assert resumed.returncode == 0, describe(resumed)
+    assert "empty replay buffer" not in resumed.stderr, describe(resumed)
 
 
 def test_progress_line_per_epoch(finished_run):
