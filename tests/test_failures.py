@@ -147,3 +147,31 @@ def test_a_run_directory_that_cannot_be_written_is_a_clear_error(tmp_path):
                      timeout=120)
     assert result.returncode == EXIT_WRITE_FAILED, describe(result)
     assert str(blocker / "run") in result.stderr and "Traceback" not in result.stderr, describe(result)
+
+
+def test_a_frozen_rank_ends_the_job_with_exit_5_naming_it(tmp_path):
+    run_dir, timeout = tmp_path / "run", 10
+    env = mpi_env()
+    env["PID_DIR"] = str(tmp_path)
+    cmd = ["mpirun", "--oversubscribe", "-np", "2", sys.executable, PROGRAMS / "train_signalled.py", "--run-dir",
+           run_dir, "--set", "train.n_epochs=200", "--set", f"train.hang_timeout_s={timeout}", *TINY]
+    process = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=env, cwd=ROOT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ((run_dir / "progress.csv").is_file() and len(read_progress(run_dir)) >= 2):
+            assert time.monotonic() < deadline and process.poll() is None, "training did not start"
+            time.sleep(0.2)
+        os.kill(int((tmp_path / "rank1.pid").read_text()), signal.SIGSTOP)  # a hung rank
+        stopped = time.monotonic()
+        stdout, stderr = process.communicate(timeout=timeout + 60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    waited = time.monotonic() - stopped
+    assert process.returncode == 5, stderr
+    assert waited < timeout + 15, f"{waited:.0f} s"
+    assert "rank 1 did not answer" in stderr and "train.hang_timeout_s" in stderr
+    record = json.loads((run_dir / "status.json").read_text())
+    assert record["state"] == "hung" and record["silent_ranks"] == [1]
+    assert latest(run_dir)["epoch"] >= 1  # the last checkpoint, intact

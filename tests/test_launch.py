@@ -1,0 +1,77 @@
+"""The run record (her_mpi.run_status) and the supervisor that reads it (her_mpi.launch)."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, mpi_env
+from her_mpi import run_status
+from her_mpi.launch import training_run_dir
+
+
+def launch(*args, timeout=60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "her_mpi.launch", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=mpi_env(), cwd=ROOT)
+
+
+def test_a_launcher_status_of_0_without_a_finished_record_is_a_lost_run(tmp_path):
+    run_status.write(tmp_path, "running", "training")
+    verdict = run_status.verdict(tmp_path, 0)
+    assert (verdict.state, verdict.exit_status, verdict.retry) == ("lost", 6, True)
+
+
+@pytest.mark.parametrize("state, status, retry", [("finished", 0, False), ("stopped", 75, True), ("hung", 5, True),
+                                                  ("crashed", 1, False), ("non_finite", 3, False),
+                                                  ("write_failed", 4, False)])
+def test_the_record_decides_whatever_the_launcher_said(tmp_path, state, status, retry):
+    run_status.write(tmp_path, state, "why")
+    for launcher_status in (0, 1, 137):
+        verdict = run_status.verdict(tmp_path, launcher_status)
+        assert (verdict.state, verdict.exit_status, verdict.retry) == (state, status, retry)
+
+
+def test_a_record_older_than_the_job_is_not_its_word(tmp_path):
+    run_status.write(tmp_path, "stopped", "an earlier job")
+    os.utime(run_status.record_path(tmp_path), (time.time() - 60, time.time() - 60))
+    # this job failed on bad input before writing a record: not "stopped" (a requeue would loop)
+    assert run_status.verdict(tmp_path, 2, started_after=time.time()).state == "bad_input"
+
+
+def test_an_unknown_state_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="unknown run state 'done'"):
+        run_status.write(tmp_path, "done")
+
+
+def test_the_run_directory_is_read_from_the_training_command(tmp_path):
+    assert training_run_dir(["mpirun", "python", "-m", "her_mpi.train", "--run-dir", "runs/a"]) == Path("runs/a")
+    assert str(training_run_dir(["python", "-m", "her_mpi.train", "--resume=runs/b"])) == "runs/b"
+    checkpoint = tmp_path / "run" / "checkpoints" / "latest.pt"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_bytes(b"")
+    assert training_run_dir(["--resume", str(checkpoint)]) == tmp_path / "run"
+    assert training_run_dir(["mpirun", "python", "-m", "her_mpi.train"]) is None
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "no command given"),
+    (["--", "mpirun", "python", "-m", "her_mpi.train"], "names no run directory"),
+    (["--grace", "-1", "--", "true", "--run-dir", "x"], "--grace -1"),
+    (["--", "no-such-launcher", "--run-dir", "x"], "cannot run 'no-such-launcher'"),
+])
+def test_bad_input_is_named(args, message):
+    result = launch(*args)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_a_launcher_that_says_0_for_an_unfinished_run_is_reported_lost(tmp_path):
+    # a "launcher" that starts the run and exits 0 without finishing it (what mpirun does when it loses a host)
+    script = f"from her_mpi import run_status; run_status.write({str(tmp_path)!r}, 'running', 'training')"
+    result = launch("--", sys.executable, "-c", script, "--run-dir", tmp_path)
+    assert result.returncode == 6, result.stderr
+    assert "lost (exit 6; launcher exit 0)" in result.stderr
+    assert json.loads(run_status.record_path(tmp_path).read_text())["state"] == "lost"
