@@ -23,10 +23,10 @@ setup(
     license="MIT",
     license_files=["LICENSE"],
     python_requires=">=3.10",
-    packages=find_packages(include=["her_mpi", "her_mpi.*"]) + ["her_mpi_runtime"],
+    packages=find_packages(include=["her_mpi", "her_mpi.*"]) + ["her_mpi_runtime", "her_mpi_runtime.zoo"],
     package_dir={"her_mpi_runtime": "export/her_mpi_runtime"},
     include_package_data=True,
-    package_data={"her_mpi": ["configs/*.yaml", "commit.txt"]},
+    package_data={"her_mpi": ["configs/*.yaml", "commit.txt"], "her_mpi_runtime.zoo": ["*.onnx", "*.json"]},
     install_requires=[
         "numpy>=1.24",
         "pyyaml>=6",

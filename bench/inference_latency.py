@@ -38,7 +38,9 @@ def time_calls(fn, n: int, warmup: int = 200) -> list[float]:
     return samples
 
 
-def runtime_latency(path: str, n: int) -> dict:
+def runtime_latency(path: str, n: int, blocks: int = 20) -> dict:
+    """Policy.act against a bare session.run on the same file, in alternating blocks of calls (so a
+    background load slows both alike); the overhead is the ratio of their medians."""
     from her_mpi_runtime import Policy
 
     policy = Policy(path)
@@ -46,8 +48,13 @@ def runtime_latency(path: str, n: int) -> dict:
     rng = np.random.default_rng(0)
     obs, goal = rng.normal(size=meta.obs_dim).astype(np.float32), rng.normal(size=meta.goal_dim).astype(np.float32)
     feeds = {"observation": obs[None], "desired_goal": goal[None]}
-    return {"runtime_act": percentiles(time_calls(lambda: policy.act(obs, goal), n)),
-            "onnxruntime_session_run": percentiles(time_calls(lambda: policy.session.run(["action"], feeds), n))}
+    act, bare = [], []
+    for _ in range(blocks):
+        act += time_calls(lambda: policy.act(obs, goal), n // blocks)
+        bare += time_calls(lambda: policy.session.run(["action"], feeds), n // blocks)
+    result = {"runtime_act": percentiles(act), "onnxruntime_session_run": percentiles(bare)}
+    result["act_over_session_run_p50"] = round(result["runtime_act"]["p50_us"] / result["onnxruntime_session_run"]["p50_us"], 3)
+    return result
 
 
 def torch_latency(checkpoint: str, n: int) -> dict:

@@ -10,14 +10,21 @@ period, training progress and the full training config) is stored in the file.
 
 With ``--verify`` (the default) the file is checked with ``onnx.checker`` and onnxruntime must
 match torch within 1e-5 on random inputs at batch sizes 1, 3 and 64, or the command fails.
+
+``--card`` also writes the policy's card beside it (``policy.json``: task, algorithm, recipe,
+training env steps, success on ``--card-episodes`` unseen episodes with its 95% interval, sha256,
+size), as the trained policies in ``her_mpi_runtime/zoo`` carry.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
+import math
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -117,6 +124,54 @@ def verify(path: Path, policy, obs_dim: int, goal_dim: int) -> dict[int, float]:
     return differences
 
 
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of a success rate (sound at 0 and 1, unlike the normal one)."""
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def recipe_of(state: dict) -> str:
+    """The recipe a checkpoint's run was started with, as far as its run directory says."""
+    run_dir = Path(state["path"]).parent.parent
+    sweep = run_dir / "sweep.json"
+    if sweep.is_file():
+        described = json.loads(sweep.read_text())
+        return " ".join([described["recipe"], *(f"--set {o}" for o in described.get("overrides", []))])
+    return "see the training config stored in the file"
+
+
+def write_card(output: Path, state: dict, episodes: int, seed: int, recipe: str | None) -> dict:
+    """Evaluate the exported file on ``episodes`` episodes of env seed ``seed`` (not a training
+    seed's streams) and write its card, ``output`` with the suffix .json."""
+    from her_mpi.evaluate import env_config_from_training
+    from her_mpi.rollout import RolloutWorker
+    from her_mpi_runtime import Policy
+
+    policy = Policy(output)
+    worker = RolloutWorker(env_config_from_training(state["config"]), min(10, episodes), np.random.SeedSequence(seed))
+    try:
+        success = worker.generate(policy.act, episodes, env_units=True).success
+    finally:
+        worker.close()
+    wins = int(success.sum())
+    algo = state["algo"] + ("+kfac" if state["config"]["algo"].get("optimizer") == "kfac" else "")
+    data = output.read_bytes()
+    card = {
+        "name": output.stem, "env_id": state["spec"]["env_id"], "algorithm": algo,
+        "recipe": recipe or recipe_of(state), "train_seed": state["config"]["train"]["seed"],
+        "train_env_steps": int(state["env_steps"]), "train_n_ranks": int(state["n_ranks"]),
+        "success_rate": wins / episodes, "success_interval_95": list(wilson_interval(wins, episodes)),
+        "evaluation": f"python -m her_mpi.evaluate --policy zoo:{output.stem} --episodes {episodes} --seed {seed}",
+        "episodes": episodes, "evaluation_seed": seed,
+        "sha256": hashlib.sha256(data).hexdigest(), "size_bytes": len(data), "her_mpi_version": __version__,
+        "exported": time.strftime("%Y-%m-%d"),
+    }
+    atomic_write(output.with_suffix(".json"), lambda f: f.write(json.dumps(card, indent=1) + "\n"), mode="w")
+    return card
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m her_mpi.export", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -124,7 +179,16 @@ def main(argv=None) -> int:
     parser.add_argument("--output", required=True, help="the .onnx file to write")
     parser.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                         help="check the file and compare onnxruntime with torch (default: on)")
+    parser.add_argument("--card", action="store_true",
+                        help="evaluate the file on unseen episodes and write its card (OUTPUT with .json)")
+    parser.add_argument("--card-episodes", type=int, default=300, help="episodes the card's success is measured on")
+    parser.add_argument("--card-seed", type=int, default=1000,
+                        help="their env seed (default 1000: no training run's seed, so the episodes are unseen)")
+    parser.add_argument("--recipe", help="how the policy was trained, for the card (default: from the run directory)")
     args = parser.parse_args(argv)
+    if args.card_episodes < 1:
+        print(f"her_mpi.export: error: --card-episodes {args.card_episodes}: expected an integer >= 1", file=sys.stderr)
+        return 2
 
     try:
         state = load_checkpoint(args.checkpoint)
@@ -142,7 +206,7 @@ def main(argv=None) -> int:
     atomic_write(output, lambda f: f.write(model.SerializeToString()))
     print(f"wrote {output} ({output.stat().st_size / 1024:.0f} KiB): {state['algo']} on {spec['env_id']}, "
           f"epoch {state['epoch'] + 1}, test success {state['test_success_rate']:.3f}")
-    if not args.verify:
+    if not args.verify and not args.card:
         return 0
     differences = verify(output, policy, spec["obs_dim"], spec["goal_dim"])
     report = ", ".join(f"batch {b}: {d:.2e}" for b, d in differences.items())
@@ -151,6 +215,11 @@ def main(argv=None) -> int:
               f"({report})", file=sys.stderr)
         return 1
     print(f"verified: onnx.checker passed; max |onnxruntime - torch| {report} (tolerance {TOLERANCE:g})")
+    if args.card:
+        card = write_card(output, state, args.card_episodes, args.card_seed, args.recipe)
+        low, high = card["success_interval_95"]
+        print(f"card {output.with_suffix('.json')}: success {card['success_rate']:.3f} [{low:.3f}, {high:.3f}] "
+              f"on {args.card_episodes} episodes of env seed {args.card_seed}")
     return 0
 
 

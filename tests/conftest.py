@@ -65,6 +65,17 @@ def read_progress(run_dir: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+def measures_time_or_memory(column: str) -> bool:
+    """progress.csv's clock and memory columns (``time_s``, ``learn_update_ms``, ``max_rss_mb``,
+    ``wait_max_s``, ``steps_per_s``...): they differ between runs that learn identically."""
+    return column.endswith(("_s", "_ms", "_mb"))
+
+
+def learning_rows(run_dir: Path) -> list[dict]:
+    """progress.csv without the columns that measure time or memory."""
+    return [{k: v for k, v in row.items() if not measures_time_or_memory(k)} for row in read_progress(run_dir)]
+
+
 def describe(result: subprocess.CompletedProcess) -> str:
     return f"exit {result.returncode}\n--- stdout ---\n{result.stdout[-4000:]}\n--- stderr ---\n{result.stderr[-4000:]}"
 

@@ -17,20 +17,14 @@ import pytest
 import torch
 import yaml
 
-from conftest import PROGRAMS, ROOT, TINY, describe, mpi_env, read_progress, run_mpi
+from conftest import PROGRAMS, ROOT, TINY, describe, learning_rows, mpi_env, read_progress, run_mpi
 
 pytestmark = pytest.mark.mpi
 
 EXIT_PREEMPTED = 75
-TIMING_COLUMNS = {"time_s", "steps_per_s", "time_rollout_s", "time_learn_s", "time_eval_s", "max_rss_mb",
-                  "learn_sample_ms", "learn_update_ms", "learn_wait_ms", "learn_other_ms", "learn_cpu_ms"}
 # What differs between an interrupted and an uninterrupted run by design: where files are, when
 # they were written, how many saves happened (each stop writes one more).
 NOT_COMPARED = {"path", "time_s", "generation", "replay_generation", "elapsed_s", "timing", "new_env_steps"}
-
-
-def comparable_rows(run_dir) -> list[dict]:
-    return [{k: v for k, v in row.items() if k not in TIMING_COLUMNS} for row in read_progress(run_dir)]
 
 
 def flat_digest(value, prefix="") -> dict[str, str]:
@@ -79,7 +73,7 @@ def final_state(run_dir) -> dict:
 
 
 def assert_same_run(reference, resumed):
-    rows_a, rows_b = comparable_rows(reference), comparable_rows(resumed)
+    rows_a, rows_b = learning_rows(reference), learning_rows(resumed)
     assert rows_a == rows_b, f"progress rows differ:\n{rows_a}\n{rows_b}"
     a, b = final_state(reference), final_state(resumed)
     assert a.keys() == b.keys(), sorted(set(a) ^ set(b))

@@ -12,8 +12,11 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from her_mpi_runtime.zoo import resolve
+
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+_FLOAT32 = np.dtype(np.float32)
 
 
 class PolicyInputError(ValueError):
@@ -71,7 +74,9 @@ class Policy:
     """
 
     def __init__(self, path: str | Path, intra_op_threads: int = 1):
-        path = Path(path)
+        """``path``: an .onnx file from ``python -m her_mpi.export``, or ``zoo:NAME`` for a policy that
+        ships with this package (``python -m her_mpi_runtime.zoo`` lists them)."""
+        path = resolve(path)
         if not path.is_file():
             raise FileNotFoundError(f"no policy file at {str(path)!r}")
         # The model is read once and hashed from the very bytes onnxruntime loads, so the id that
@@ -100,10 +105,13 @@ class Policy:
 
     def _bind_single_input(self) -> None:
         """Batch-1 calls (every controller tick) run on buffers bound once, zero-copy: a few µs
-        less than ``session.run``, which wraps the inputs and allocates the output every call."""
+        less than ``session.run``, which wraps the inputs and allocates the output every call.
+        Observation and goal share one buffer, so one call checks both for NaN/Inf."""
         meta = self.metadata
-        self._single_obs = np.zeros((1, meta.obs_dim), np.float32)
-        self._single_goal = np.zeros((1, meta.goal_dim), np.float32)
+        self._single_inputs = np.zeros(meta.obs_dim + meta.goal_dim, np.float32)
+        self._single_obs = self._single_inputs[:meta.obs_dim].reshape(1, meta.obs_dim)
+        self._single_goal = self._single_inputs[meta.obs_dim:].reshape(1, meta.goal_dim)
+        self._single_shapes = ((meta.obs_dim,), (meta.goal_dim,))
         action_width = self.session.get_outputs()[0].shape[1]
         action_type = np.int64 if meta.discrete else np.float32
         self._single_action = np.zeros((1, action_width), action_type)
@@ -116,6 +124,21 @@ class Policy:
         self._single_lock = threading.Lock()  # the bound buffers are shared: one call at a time
 
     def act(self, observation, desired_goal) -> np.ndarray:
+        if type(observation) is np.ndarray and type(desired_goal) is np.ndarray and observation.dtype == _FLOAT32 \
+                and desired_goal.dtype == _FLOAT32 and (observation.shape, desired_goal.shape) == self._single_shapes:
+            # a controller's tick: one float32 vector each, copied into the bound buffer and checked there
+            with self._single_lock:
+                n = self.metadata.obs_dim
+                self._single_inputs[:n], self._single_inputs[n:] = observation, desired_goal
+                if np.isfinite(self._single_inputs).all():
+                    self.session.run_with_iobinding(self._binding)
+                    return self._single_action[0].copy()
+        return self._act_checked(observation, desired_goal)
+
+    __call__ = act
+
+    def _act_checked(self, observation, desired_goal) -> np.ndarray:
+        """Any input: validated (the error names what is wrong), then one call or a batch."""
         meta = self.metadata
         obs = self._validated("observation", observation, meta.obs_dim)
         goal = self._validated("desired_goal", desired_goal, meta.goal_dim)
@@ -130,8 +153,6 @@ class Policy:
         if len(obs) != len(goal):
             raise PolicyInputError(f"batch sizes differ: {len(obs)} observations, {len(goal)} goals")
         return self.session.run(self._output, {"observation": obs, "desired_goal": goal})[0]
-
-    __call__ = act
 
     @staticmethod
     def _validated(name: str, value, dim: int) -> np.ndarray:
