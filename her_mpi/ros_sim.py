@@ -274,7 +274,7 @@ class Simulation:
                                "p99": float(np.percentile(latencies, 99)) if latencies.size else None,
                                "timed": int(latencies.size)},
             "observations": {"sent": self.outgoing.sent, "dropped": self.outgoing.dropped},
-            "actions": {"received": self.incoming.sent, "dropped": self.incoming.dropped},
+            "actions": {"sent": self.incoming.sent, "dropped": self.incoming.dropped},
             "controller_rate_hz_achieved": float(np.median(rates)) if rates else None,
             "controller_stale_inputs": during_episodes("stale_inputs"),
             "controller_safe_actions": during_episodes("safe_actions_published"),

@@ -12,17 +12,7 @@ from scipy import stats
 from conftest import ROOT
 from her_mpi_runtime import Policy, zoo
 
-REQUIRED = {"FetchReach-v4", "FetchPush-v4", "FetchPickAndPlace-v4", "FetchSlide-v4", "HandReach-v3",
-            "BitFlipping-v0"}
 EPISODES = 20
-
-
-def test_the_zoo_covers_the_robotics_tasks_a_discrete_task_and_bit_flipping():
-    tasks = {zoo.card(name)["env_id"] for name in zoo.names()}
-    missing = REQUIRED - tasks
-    assert not missing, f"no zoo policy for {sorted(missing)}"
-    assert any(Policy(f"zoo:{name}").metadata.discrete and zoo.card(name)["env_id"] != "BitFlipping-v0"
-               for name in zoo.names()), "no discrete-action task besides bit flipping"
 
 
 @pytest.mark.parametrize("name", zoo.names())

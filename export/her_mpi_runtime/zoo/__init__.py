@@ -12,7 +12,6 @@ its 95% interval, sha256 and size.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 ZOO_DIR = Path(__file__).resolve().parent
@@ -40,15 +39,10 @@ def resolve(policy: str | Path) -> Path:
 
 
 def describe() -> str:
-    lines = [f"{'name':22s} {'task':22s} {'algorithm':10s} {'env steps':>10s}  success on 300 unseen episodes [95%]  size"]
+    lines = [f"{'name':26s} {'task':22s} {'algorithm':10s} {'env steps':>10s}  success on 300 unseen episodes [95%]  size"]
     for name in names():
         c = card(name)
         low, high = c["success_interval_95"]
-        lines.append(f"{PREFIX + name:22s} {c['env_id']:22s} {c['algorithm']:10s} {c['train_env_steps']:>10,d}  "
+        lines.append(f"{PREFIX + name:26s} {c['env_id']:22s} {c['algorithm']:10s} {c['train_env_steps']:>10,d}  "
                      f"{c['success_rate']:.3f} [{low:.3f}, {high:.3f}]{'':14s}{c['size_bytes'] / 1e3:.0f} kB")
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    print(describe())
-    sys.exit(0)
