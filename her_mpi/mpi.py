@@ -269,6 +269,7 @@ def run_guarded(main: Callable[[], int | None], on_crash: Callable[[str], None] 
 # -- hung peers ------------------------------------------------------------------------------------
 
 QUESTION, ANSWER = 1, 2  # tags of the watchdogs' own messages, on a communicator of their own
+SUSPENDED_S = 2.0  # a poll this much later than due: this process was not running in between
 
 
 @dataclass
@@ -354,10 +355,18 @@ class Watchdog:
         self.comm.Free()
 
     def _watch(self) -> None:
+        last = time.monotonic()
+        paused, paused_in = 0.0, None  # seconds this process itself did not run during the current wait
         while not self._stop.wait(self.poll_s):
-            self._answer_questions()
+            now = time.monotonic()
             since, count = WAITS.since, WAITS.count
-            if since is not None and time.monotonic() - since > self.timeout_s and WAITS.count == count:
+            if paused_in != count:
+                paused, paused_in = 0.0, count
+            if now - last > self.poll_s + SUSPENDED_S:  # the whole process was stopped (SIGSTOP, a suspended
+                paused += now - last - self.poll_s     # job or VM): the time is not its peers' silence
+            last = now
+            self._answer_questions()
+            if since is not None and now - since - paused > self.timeout_s and WAITS.count == count:
                 self.on_hang(self._ask_peers())
                 return
 

@@ -149,20 +149,33 @@ def test_a_run_directory_that_cannot_be_written_is_a_clear_error(tmp_path):
     assert str(blocker / "run") in result.stderr and "Traceback" not in result.stderr, describe(result)
 
 
-def test_a_frozen_rank_ends_the_job_with_exit_5_naming_it(tmp_path):
-    run_dir, timeout = tmp_path / "run", 10
+def start_watched_job(tmp_path, hang_timeout_s: float, n_epochs: int) -> subprocess.Popen:
+    """A tiny 2-rank training with a short hang timeout, its rank pids in tmp_path, two epochs done."""
     env = mpi_env()
     env["PID_DIR"] = str(tmp_path)
     cmd = ["mpirun", "--oversubscribe", "-np", "2", sys.executable, PROGRAMS / "train_signalled.py", "--run-dir",
-           run_dir, "--set", "train.n_epochs=200", "--set", f"train.hang_timeout_s={timeout}", *TINY]
+           tmp_path / "run", "--set", f"train.n_epochs={n_epochs}", "--set", f"train.hang_timeout_s={hang_timeout_s}",
+           *TINY]
     process = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env=env, cwd=ROOT, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not ((tmp_path / "run" / "progress.csv").is_file() and len(read_progress(tmp_path / "run")) >= 2):
+        if time.monotonic() > deadline or process.poll() is not None:
+            os.killpg(process.pid, signal.SIGKILL)
+            raise AssertionError(f"training did not start: {process.communicate()}")
+        time.sleep(0.2)
+    return process
+
+
+def rank_pid(tmp_path, rank: int) -> int:
+    return int((tmp_path / f"rank{rank}.pid").read_text())
+
+
+def test_a_frozen_rank_ends_the_job_with_exit_5_naming_it(tmp_path):
+    run_dir, timeout = tmp_path / "run", 10
+    process = start_watched_job(tmp_path, timeout, 200)
     try:
-        deadline = time.monotonic() + 120
-        while not ((run_dir / "progress.csv").is_file() and len(read_progress(run_dir)) >= 2):
-            assert time.monotonic() < deadline and process.poll() is None, "training did not start"
-            time.sleep(0.2)
-        os.kill(int((tmp_path / "rank1.pid").read_text()), signal.SIGSTOP)  # a hung rank
+        os.kill(rank_pid(tmp_path, 1), signal.SIGSTOP)  # a hung rank
         stopped = time.monotonic()
         stdout, stderr = process.communicate(timeout=timeout + 60)
     finally:
@@ -175,3 +188,22 @@ def test_a_frozen_rank_ends_the_job_with_exit_5_naming_it(tmp_path):
     record = json.loads((run_dir / "status.json").read_text())
     assert record["state"] == "hung" and record["silent_ranks"] == [1]
     assert latest(run_dir)["epoch"] >= 1  # the last checkpoint, intact
+
+
+def test_a_job_suspended_as_a_whole_for_longer_than_the_timeout_trains_on(tmp_path):
+    # SLURM's scontrol suspend (gang scheduling) stops every process of a job: the time every rank
+    # spent stopped is nobody's silence
+    process = start_watched_job(tmp_path, hang_timeout_s=4, n_epochs=5)
+    try:
+        ranks = [rank_pid(tmp_path, r) for r in (0, 1)]
+        for pid in ranks:
+            os.kill(pid, signal.SIGSTOP)
+        time.sleep(10)
+        for pid in ranks:
+            os.kill(pid, signal.SIGCONT)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 0, stderr
+    assert json.loads((tmp_path / "run" / "status.json").read_text())["state"] == "finished"

@@ -112,6 +112,7 @@ class Policy:
         self._single_obs = self._single_inputs[:meta.obs_dim].reshape(1, meta.obs_dim)
         self._single_goal = self._single_inputs[meta.obs_dim:].reshape(1, meta.goal_dim)
         self._single_shapes = ((meta.obs_dim,), (meta.goal_dim,))
+        self._n_obs = meta.obs_dim
         action_width = self.session.get_outputs()[0].shape[1]
         action_type = np.int64 if meta.discrete else np.float32
         self._single_action = np.zeros((1, action_width), action_type)
@@ -124,13 +125,13 @@ class Policy:
         self._single_lock = threading.Lock()  # the bound buffers are shared: one call at a time
 
     def act(self, observation, desired_goal) -> np.ndarray:
-        if type(observation) is np.ndarray and type(desired_goal) is np.ndarray and observation.dtype == _FLOAT32 \
-                and desired_goal.dtype == _FLOAT32 and (observation.shape, desired_goal.shape) == self._single_shapes:
+        if type(observation) is np.ndarray and type(desired_goal) is np.ndarray and observation.dtype is _FLOAT32 \
+                and desired_goal.dtype is _FLOAT32 and (observation.shape, desired_goal.shape) == self._single_shapes:
             # a controller's tick: one float32 vector each, copied into the bound buffer and checked there
+            inputs, n = self._single_inputs, self._n_obs
             with self._single_lock:
-                n = self.metadata.obs_dim
-                self._single_inputs[:n], self._single_inputs[n:] = observation, desired_goal
-                if np.isfinite(self._single_inputs).all():
+                inputs[:n], inputs[n:] = observation, desired_goal
+                if np.isfinite(inputs).all():
                     self.session.run_with_iobinding(self._binding)
                     return self._single_action[0].copy()
         return self._act_checked(observation, desired_goal)
