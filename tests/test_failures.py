@@ -192,15 +192,19 @@ def test_a_frozen_rank_ends_the_job_with_exit_5_naming_it(tmp_path):
 
 def test_a_job_suspended_as_a_whole_for_longer_than_the_timeout_trains_on(tmp_path):
     # SLURM's scontrol suspend (gang scheduling) stops every process of a job: the time every rank
-    # spent stopped is nobody's silence
+    # spent stopped is nobody's silence. Rank 0 is stopped while it waits for rank 1 in a collective,
+    # and resumed first: its watchdog wakes to a wait far longer than the timeout, nearly all of it
+    # spent stopped itself.
     process = start_watched_job(tmp_path, hang_timeout_s=4, n_epochs=5)
     try:
-        ranks = [rank_pid(tmp_path, r) for r in (0, 1)]
-        for pid in ranks:
-            os.kill(pid, signal.SIGSTOP)
+        rank0, rank1 = rank_pid(tmp_path, 0), rank_pid(tmp_path, 1)
+        os.kill(rank1, signal.SIGSTOP)
+        time.sleep(2)  # rank 0 reaches its next collective and waits there
+        os.kill(rank0, signal.SIGSTOP)
         time.sleep(10)
-        for pid in ranks:
-            os.kill(pid, signal.SIGCONT)
+        os.kill(rank0, signal.SIGCONT)
+        time.sleep(0.5)
+        os.kill(rank1, signal.SIGCONT)
         stdout, stderr = process.communicate(timeout=120)
     finally:
         if process.poll() is None:
