@@ -12,6 +12,9 @@ from setuptools import find_packages, setup
 ROS = ["ros-rclpy", "ros-rmw-fastrtps-cpp", "ros-std-msgs", "ros-geometry-msgs", "ros-diagnostic-msgs",
        "ros-lifecycle-msgs"]
 
+# The docs site: mkdocs-material, with the API reference from the docstrings (mkdocs.yml)
+DOCS = ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings-python>=1.10"]
+
 version = re.search(r'__version__ = "([^"]+)"', Path("her_mpi/__init__.py").read_text()).group(1)
 
 setup(
@@ -58,9 +61,11 @@ setup(
     ],
     extras_require={
         "ros": ROS,
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "hypothesis>=6.100", *ROS],
+        "docs": DOCS,
+        # the suite builds the docs too (warnings are errors, every link and image checked)
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "hypothesis>=6.100", *ROS, *DOCS],
     },
-    entry_points={"console_scripts": ["her-mpi-train=her_mpi.train:main",
+    entry_points={"console_scripts": ["her-mpi-train=her_mpi.train:main", "her-mpi-launch=her_mpi.launch:main",
                                       "her-policy-node=her_mpi_runtime.ros_node:main",
                                       "her-policy-lifecycle-node=her_mpi_runtime.lifecycle_node:main"]},
 )

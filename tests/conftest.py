@@ -51,15 +51,6 @@ def run_python(args: list[str], timeout: float = 600, cwd: Path | None = None) -
     return result
 
 
-def bench_script(name: str):
-    """A bench/ script as a module (bench/ is not a package)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def read_progress(run_dir: Path) -> list[dict]:
     with open(Path(run_dir) / "progress.csv", newline="") as f:
         return list(csv.DictReader(f))

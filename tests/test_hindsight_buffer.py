@@ -128,7 +128,7 @@ def test_a_rejected_add_leaves_the_episode_unchanged():
 
 
 def test_seed_example_bit_flipping_with_double_dqn_buffer_loop():
-    """The seed's usage pattern: add per step, on_episode_end(goal), sample for learning."""
+    """cpprb's manual's usage pattern: add per step, on_episode_end(goal), sample for learning."""
     env = BitFlippingEnv(N_BITS)
     buffer = HindsightReplayBuffer(10_000, ENV_DICT, N_BITS, reward, prioritized=True, seed=0)
     rng = np.random.default_rng(0)

@@ -68,7 +68,7 @@ def test_htrpo_solves_8_bit_flipping(tmp_path):
 
 
 def test_hpg_solves_8_bit_flipping_where_its_untrained_policy_does_not(tmp_path):
-    # bitflip_8_hpg reaches 0.9 at ~25k env steps (epoch ~10) on seeds 0-3 (bench/results/htrpo_vs_hpg.md);
+    # bitflip_8_hpg reaches 0.9 at ~25k env steps (epoch ~10) on seeds 0-3 (experiments/results/htrpo_vs_hpg.md);
     # the control is the same pipeline with Adam steps too small to move the policy
     trained = run_recipe(tmp_path, "configs/bitflip_8_hpg.yaml", 16, "--set", "train.stop_success=0.9", name="trained")
     untrained = run_recipe(tmp_path, "configs/bitflip_8_hpg.yaml", 2, "--set", "algo.lr_actor=1e-12", name="untrained")
@@ -86,6 +86,6 @@ def test_ppo_her_beats_ppo_on_predator_prey_at_equal_budget(tmp_path):
 def test_htrpo_solves_continuous_fetch_reach_and_holds_it(tmp_path):
     # success is judged at the last step: a policy that reaches the goal and drifts off fails there
     # (the recipe without algo.hold_goal peaks at 1.0 and falls back to 0.55-0.98). Seeds 0-3 read
-    # 1.00 at every evaluation from epoch 4 (bench/results/htrpo_reach_hold.md).
+    # 1.00 at every evaluation from epoch 4 (experiments/results/htrpo_reach_hold.md).
     success = run_recipe(tmp_path, "configs/fetch_reach_htrpo.yaml", 8)
     assert success[0] <= 0.3 and min(success[-3:]) >= 0.9, success

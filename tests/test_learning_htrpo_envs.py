@@ -28,7 +28,7 @@ def train(run_dir, recipe, *overrides):
 # more, and the final policy at 0.85 or more on 200 episodes the trainer never saw, so that a lucky
 # evaluation cannot pass alone; an untrained policy succeeds on 5-6 % of episodes (greedy and sampled,
 # 3 inits). Screened on seeds 0-4: best evaluation 0.97-1.00, final policy on the 200 held-out
-# episodes 0.915-0.985 (this test's seed 0: 0.985). With max_kl 2e-4 (the recipe until 2026-11-25)
+# episodes 0.915-0.985 (this test's seed 0: 0.985). With max_kl 2e-4 (the recipe's earlier value)
 # the same budget gave 0.815-0.945, and a fresh machine once learned it slower and deterministically
 # so (0.85 at best within 30 epochs): the margin below 0.9 is for that.
 def test_htrpo_reaches_0_9_on_fetch_reach_discrete(tmp_path):
@@ -75,7 +75,7 @@ def greedy_success(agent, goals) -> list[bool]:
     return reached
 
 
-# Why these settings (trials at np=2, 2026-11-23; trained greedy success on [left, right]; the
+# Why these settings (trials at np=2; trained greedy success on [left, right]; the
 # untrained inits reach one side or neither): at 4 epochs, held exploration up to 10 steps with
 # batch 128 reached both goals on every one of seeds 0-7 (all it was tried on); with batch 32 it
 # failed seeds 4, 6 and 7 (one side or neither), and seeds 6 and 7 still failed at twice the
@@ -83,7 +83,7 @@ def greedy_success(agent, goals) -> list[bool]:
 # state's Q-values within 0.1-0.3 of each other: too few samples per update, not too few updates.
 # Without held exploration (algo.epsilon 0.1, 0.3 or 1.0, 3x the updates, faster targets with
 # 3-step returns, or goals 3 cells away) at least one of seeds 0-2 reached one side only.
-# Since the CNN convolves a channels-last copy (bda113a: other float rounding, the same
+# Since the CNN convolves a channels-last copy (other float rounding, the same
 # arithmetic), seeds 0-6 still reach both goals but seed 7 only the right one, at 4 and at 5
 # epochs: the margin is thinner than 8 of 8 suggested, and the test pins seed 0.
 def test_dqn_her_on_ms_pacman_beats_the_untrained_policy(tmp_path):

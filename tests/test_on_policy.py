@@ -557,14 +557,12 @@ def test_normalizer_updates_preserve_the_on_policy_networks_functions():
 
 
 def measured_htrpo_step(monkeypatch, uniform_policy: bool = False) -> tuple[dict, dict, float]:
-    """An HTRPO agent on 6 bits: bench/entropy_gradient.py's measures on learn()'s hindsight batch,
-    taken just before the real step on that batch, the step's metrics, and the agent's max_kl."""
-    from conftest import bench_script
+    """An HTRPO agent on 6 bits: HTRPO.gradient_measures on learn()'s hindsight batch, taken just
+    before the real step on that batch, the step's metrics, and the agent's max_kl."""
     from her_mpi.config import load_config
     from her_mpi.envs import env_spec, make_env
     from her_mpi.trainer import build_agent
 
-    fisher_measures = bench_script("entropy_gradient").fisher_measures
     config = load_config(None, ["algo=htrpo", "env.id=BitFlipping-v0", "env.kwargs={n_bits: 6}", "algo.hidden=[16]"])
     env = make_env(config.env, seed=0)
     agent = build_agent(config, env_spec(env, "BitFlipping-v0"), env, np.random.SeedSequence(0))
@@ -576,7 +574,7 @@ def measured_htrpo_step(monkeypatch, uniform_policy: bool = False) -> tuple[dict
     seen, step = {}, type(agent).policy_step
 
     def measure_then_step(batch):
-        seen["measures"] = fisher_measures(agent, batch)
+        seen["measures"] = agent.gradient_measures(batch)
         seen["terms"] = {w: terms_against_the_bonus(agent, batch, w) for w in ("uniform", "surrogate")}
         return step(agent, batch)
 

@@ -1,5 +1,5 @@
 """provenance.yaml names the code's commit: from git in a checkout, from the stamp `git archive`
-writes into a frozen copy (how bench/tables.sh runs sweeps), and never the commit of a repository
+writes into a frozen copy (how experiments/tables.sh runs sweeps), and never the commit of a repository
 the copy merely sits in."""
 
 from __future__ import annotations

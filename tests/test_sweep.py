@@ -17,7 +17,7 @@ import pytest
 import yaml
 from scipy import stats
 
-from conftest import ROOT, bench_script, describe, mpi_env, run_mpi
+from conftest import ROOT, describe, mpi_env, run_mpi
 from her_mpi import plot
 from her_mpi.config import ConfigError, load_config
 from her_mpi.sweep import parse_seeds
@@ -464,57 +464,3 @@ def test_plot_names_a_directory_without_runs(tmp_path):
     result = subprocess.run([sys.executable, "-m", "her_mpi.plot", str(tmp_path)], capture_output=True,
                             text=True, env=mpi_env(), cwd=ROOT, timeout=120)
     assert result.returncode != 0 and "no runs under" in result.stderr
-
-
-def test_collecting_a_sweep_again_keeps_finished_runs_whose_directory_is_gone(tmp_path, capsys):
-    collect_sweep = bench_script("collect_sweep")
-    sweep, stored = tmp_path / "sweeps/pacman", tmp_path / "results/pacman"
-    for seed in (0, 1):
-        fake_run(sweep / "recipe" / f"seed{seed}", seed, [0.1, 0.2])
-        (sweep / "recipe" / f"seed{seed}/finished.json").write_text("{}")
-    fake_run(sweep / "recipe/seed2", 2, [0.1])  # still training
-    assert collect_sweep.refresh(stored, [sweep], finished_only=True) == 2
-    shutil.rmtree(sweep / "recipe/seed0")  # e.g. runs/ lost with the session
-    (sweep / "recipe/seed1/progress.csv").write_text((sweep / "recipe/seed1/progress.csv").read_text() + "2,30000,15000,2,0.9,0,90,50\n")
-    assert collect_sweep.refresh(stored, [sweep], finished_only=True) == 2
-    assert "kept pacman/recipe/seed0" in capsys.readouterr().out
-    assert (stored / "pacman/recipe/seed0/progress.csv").read_text().count("\n") == 3  # header + 2 epochs, as stored
-    assert (stored / "pacman/recipe/seed1/progress.csv").read_text().endswith(",0.9,0,90,50\n")  # refreshed
-    assert not (stored / "pacman/recipe/seed2").exists()
-    assert collect_sweep.refresh(stored, [sweep], finished_only=True, drop_missing=True) == 1
-    assert not (stored / "pacman/recipe/seed0").exists()
-    fake_run(sweep / "other/seed0", 0, [0.3])  # a second recipe in the same sweep, left out by --recipe
-    (sweep / "other/seed0/finished.json").write_text("{}")
-    assert collect_sweep.refresh(stored, [sweep], finished_only=True, recipes={"recipe"}) == 1
-    assert not (stored / "pacman/other").exists()
-    # --seed: the held-out seeds only (seed1 of "recipe"; "other" has only seed0)
-    assert collect_sweep.refresh(stored, [sweep], finished_only=True, seeds={1}) == 1
-    assert (stored / "pacman/recipe/seed1").is_dir() and not (stored / "pacman/other").exists()
-
-
-def test_parking_carries_a_run_without_its_replay_and_unparking_keeps_the_further_copy(tmp_path, monkeypatch, capsys):
-    park_runs = bench_script("park_runs")
-    monkeypatch.setattr(park_runs, "ROOT", tmp_path)
-    monkeypatch.setattr(park_runs, "SWEEPS", tmp_path / "runs/sweeps")
-    monkeypatch.setattr(park_runs, "PARKED", tmp_path / "bench/parked")
-    run = tmp_path / "runs/sweeps/pacman/dqn/seed2"
-    fake_run(run, 2, [0.1, 0.2])
-    (run / "checkpoints/replay_rank0").mkdir(parents=True)
-    (run / "checkpoints/replay_rank0/segment.npz").write_bytes(b"x" * 100)
-    (run / "checkpoints/latest.pt").write_bytes(b"weights at epoch 1")
-    assert park_runs.park([tmp_path / "runs/sweeps/pacman"]) == 0
-    parked = tmp_path / "bench/parked/pacman/dqn/seed2"
-    assert (parked / "checkpoints/latest.pt").read_bytes() == b"weights at epoch 1"
-    assert not (parked / "checkpoints/replay_rank0").exists()  # GBs for an off-policy run: never in git
-    assert "has replay buffers, which are not parked" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="not a sweep directory"):
-        park_runs.park([tmp_path / "elsewhere"])
-
-    # the run trained on after parking: unpark keeps it; once runs/ is lost, unpark restores the parked copy
-    (run / "progress.csv").write_text((run / "progress.csv").read_text() + "2,30000,15000,2,0.9,0,90,50\n")
-    assert park_runs.unpark() == 0
-    assert "kept runs/sweeps/pacman/dqn/seed2 (epoch 3; parked: 2)" in capsys.readouterr().out
-    shutil.rmtree(tmp_path / "runs")
-    assert park_runs.unpark() == 0
-    assert (run / "checkpoints/latest.pt").read_bytes() == b"weights at epoch 1"
-    assert (run / "progress.csv").read_text() == (parked / "progress.csv").read_text()

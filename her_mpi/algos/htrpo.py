@@ -1,4 +1,4 @@
-"""HTRPO (Hindsight Trust Region Policy Optimization, the second seed) and HPG.
+"""HTRPO (the HTRPO paper, Hindsight Trust Region Policy Optimization) and HPG.
 
 One iteration: choose hindsight goals from the batch's achieved goals (Hindsight Goal Filtering,
 identical on every rank), rewrite every episode for every goal (each copy ends at its first
@@ -18,7 +18,7 @@ TD(0) targets; with ``critic: false`` from the discounted importance-weighted re
 authors' critic-free FetchReachDiscrete setting). Every gradient, Hessian-vector product and
 line-search value is summed over ranks, so every rank takes the same step.
 
-Units of the objective and of ``max_kl`` are the paper's (eq. 79-80 of the seed; the authors'
+Units of the objective and of ``max_kl`` are the paper's (eq. 79-80 of the HTRPO paper; the authors'
 ``mean_kl_divergence``): a sum over time steps, normalised by the number of trajectories,
 
     D = (1 - gamma) / N_traj * sum over (trajectory, t) of h * gamma^t * K_t,
@@ -156,7 +156,7 @@ class HPGParams(HindsightParams):
 
 def hindsight_goal_filtering(achieved: np.ndarray, original: np.ndarray, n_goals: int,
                              rng: np.random.Generator) -> np.ndarray:
-    """Algorithm 2 of the seed. Candidates inside the bounding box of the original goals (over
+    """Algorithm 2 of the HTRPO paper. Candidates inside the bounding box of the original goals (over
     the dimensions where they vary) are spread out by farthest-point sampling from a random
     start; if none is inside, the achieved goals nearest to the original ones are taken.
     Distances are measured in units of the original goals' spread per dimension."""
@@ -451,6 +451,22 @@ class HTRPO(HindsightAgent):
                 improvement, kl = 0.0, 0.0
         return {"surrogate_improvement": improvement, "expected_improvement": expected, "kl": kl,
                 "line_search_step": float(accepted)}
+
+
+    def gradient_measures(self, batch, weighting: str = "uniform") -> dict[str, float]:
+        """How the entropy bonus's gradient g_e compares with the objective's g_s on one hindsight batch,
+        in the step's own (Fisher) metric and in the Euclidean one: |g_s|_F, |g_e|_F, their Fisher cosine
+        (|g|_F = sqrt(g.F^-1 g), the size of the trust-region step g asks for). A diagnostic for
+        choosing ``entropy_coef``: the bonus matters once entropy_coef * |g_e|_F nears |g_s|_F."""
+        g_s = self.global_gradient(self.importance_sampled_objective(batch))
+        g_e = self.global_gradient(self.entropy_term(batch, weighting))
+        hvp, iterations = self.fisher_vector_product(batch), self.params.cg_iters
+        d_s, d_e = conjugate_gradient(hvp, g_s, iterations), conjugate_gradient(hvp, g_e, iterations)
+        norm_s, norm_e = float(g_s @ d_s) ** 0.5, float(g_e @ d_e) ** 0.5
+        return {"fisher_norm_surrogate": norm_s, "fisher_norm_entropy": norm_e,
+                "fisher_cosine": float(g_e @ d_s) / max(norm_s * norm_e, 1e-30) if norm_e else 0.0,
+                "euclid_norm_surrogate": float(g_s.norm()), "euclid_norm_entropy": float(g_e.norm()),
+                "entropy": float(self.policy_net.entropy(batch["x"][:1024]).mean().detach())}
 
 
 class HPG(HindsightAgent):

@@ -1,4 +1,5 @@
-"""PPO-HER (the fourth seed): PPO whose fresh rollouts are also replayed for hindsight goals.
+"""PPO-HER: PPO whose fresh rollouts are also replayed for hindsight goals (the paper *Hindsight
+Experience Replay Accelerates Proximal Policy Optimization*).
 
 After each batch of episodes, every episode is copied with a goal it achieved (``final``: its
 last achieved goal; ``future``: the achieved goal after a uniformly random step; ``episode``:

@@ -1,11 +1,11 @@
 """K-FAC: Kronecker-factored natural-gradient steps for the ``nn.Linear`` layers of a network,
-with the curvature averaged over MPI ranks (HER+KFAC and TDHER+KFAC of the first seed).
+with the curvature averaged over MPI ranks (HER+KFAC and TDHER+KFAC of the HER+KFAC paper).
 
 For a layer with weight W [out, in] and bias b, the gradient G_W = [dW | db] is preconditioned
 with the Fisher block F ~ A (x) G, where A = E[a a^T] is the second moment of the layer input
 with a 1 appended (the bias column) and G = E[g g^T] the second moment of the gradient of the
 per-sample loss w.r.t. the layer output. ``g`` comes from a sampled loss, separate from the
-training gradient (ACKTR, and the seed's "sampling the loss by adding random noise"): the
+training gradient (ACKTR, and the HER+KFAC paper's "sampling the loss by adding random noise"): the
 network's prediction is pulled towards itself plus N(0, 1) noise, i.e. the Gauss-Newton matrix of
 a unit-variance Gaussian (critic: targets q + N(0,1); actor: its action perturbed likewise).
 ``g`` is the per-sample gradient (not divided by the batch size), so G is a per-sample average.
@@ -21,7 +21,7 @@ c I + U diag(1 / (s + d) - c) U^T with c = 1 / (mean tail eigenvalue + d). Apply
 n x k multiplies instead of one n x n: about 4k / n of the exact preconditioning (a quarter at
 k = 32, n = 257). The damping makes this accurate: the eigenvalues beyond the 32nd of FetchPush's
 factors are ~100x smaller than d, and the action on gradient-like vectors (weighted by the factor)
-differs from the exact inverse's by 0.2-2.5% (bench/results/kfac_low_rank.json). The eigenbasis
+differs from the exact inverse's by 0.2-2.5% (experiments/results/kfac_low_rank.json). The eigenbasis
 is refined from the previous one by two steps of subspace iteration (a full eigh at the first
 refresh), so a refresh costs little more than the Cholesky inverse it replaces.
 
@@ -60,10 +60,10 @@ from her_mpi.optim import SyncedOptimizer
 class KFACParams:
     lr: float = setting(0.05, "natural-gradient step size of actor and critics (replaces Adam's lr_actor and "
                               "lr_critic)")
-    damping: float = setting(0.8, "Tikhonov damping lambda (the seed's best runs: 0.8; 0.01 did not learn FetchPush)")
+    damping: float = setting(0.8, "Tikhonov damping lambda (the HER+KFAC paper's best runs: 0.8; 0.01 did not learn FetchPush)")
     damping_mode: Literal["factored", "plain"] = setting(
         "factored", "damping: factored (split between the two Kronecker factors) or plain")
-    momentum: float = setting(0.8, "SGD momentum of the preconditioned step (the seed's best runs: 0.8)")
+    momentum: float = setting(0.8, "SGD momentum of the preconditioned step (the HER+KFAC paper's best runs: 0.8)")
     kl_clip: float = setting(1e-3, "steps are scaled by min(1, sqrt(kl_clip / |lr^2 <natural gradient, gradient>|))")
     stat_decay: float = setting(0.95, "running-average decay of the Kronecker factors")
     factor_every: int = setting(10, "updates between factor refreshes (each costs a sampled backward pass)")

@@ -1,6 +1,6 @@
 """A standalone hindsight replay buffer for people who bring their own agent.
 
-It mirrors cpprb's ``HindsightReplayBuffer`` (the third seed): construct it with a size, the
+It mirrors cpprb's ``HindsightReplayBuffer`` (its manual is one of the project's sources): construct it with a size, the
 fields of a transition, the maximum episode length, a batched reward function and optionally a
 goal function; ``add`` transitions, call ``on_episode_end(goal)``, ``sample`` batches with a
 ``goal`` and a recomputed ``rew``, and ``update_priorities`` when prioritized. Unlike cpprb it

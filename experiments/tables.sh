@@ -2,46 +2,48 @@
 # The long result tables of issues 11-13 as resumable sweeps (python -m her_mpi.sweep), one training at
 # a time at np=2. Run a table again with the same command after any interruption: finished runs are
 # skipped, interrupted ones resume from their last checkpoint. Then keep the results in the repository:
-#     python bench/collect_sweep.py runs/sweeps/<table> --name <table>
+#     python experiments/collect_sweep.py runs/sweeps/<table> --name <table>
 #
-#     bench/tables.sh push            # FetchPush 300k: TD3, SAC, TD3/DDPG+KFAC, DDPG, then td3_fast (3 seeds)
-#     bench/tables.sh push_ablation   # td3_fast's levers one at a time, 5 seeds (issue 12)
-#     bench/tables.sh push_levers     # TD3 + energy prioritization, 2x updates, batch 512 (issue 12)
-#     bench/tables.sh push_mrl        # TD3 with mrl's best Fetch settings the package has (issues 11, 12)
-#     bench/tables.sh push_mrl_full   # ... plus LayerNorm networks and 10k random warm-up steps
-#     bench/tables.sh push_td3_diag   # why TD3 fails Push where DDPG learns: TD3 with one of its changes to DDPG undone
-#     VARIANTS=delay1 bench/tables.sh push_td3_diag  # ... only some of the four
-#     EPOCHS=60 SEEDS="2 0 1" VARIANTS=delay1 bench/tables.sh push_td3_diag  # ... trained on to 600k
-#     bench/tables.sh push_sac_diag   # SAC's Push fix: SAC without its 30% random actions
-#     bench/tables.sh other_tasks     # PickAndPlace 600k, Slide 600k (RECIPE=td3), HandReach 500k (HAND_RECIPE=ddpg), 2 seeds
-#     bench/tables.sh htrpo_discrete  # HTRPO FetchReach/PushDiscrete (issue 13)
-#     EPOCHS=70 bench/tables.sh htrpo_push_discrete  # HTRPO FetchPushDiscrete only (issue 13)
-#     bench/tables.sh htrpo_reach_discrete  # HTRPO FetchReachDiscrete, the paper's recipe, 3 seeds (issue 13)
-#     bench/tables.sh htrpo_push      # HTRPO continuous FetchPush, 2M steps (issue 13)
-#     bench/tables.sh ms_pacman       # HTRPO and DQN+HER on MsPacmanGoal, 2M steps (issue 13)
-#     bench/tables.sh ms_pacman_htrpo_levers  # ... HTRPO levers screened on seed 0 to 500k (LEVERS=..., MAX_STEPS=...)
-#     MAX_STEPS=2000000 LEVERS=authors_bonus10 SEEDS="0 1 2" bench/tables.sh ms_pacman_htrpo_levers  # ... the authors_bonus10
+#     experiments/tables.sh push            # FetchPush 300k: TD3, SAC, TD3/DDPG+KFAC, DDPG, then td3_fast (3 seeds)
+#     experiments/tables.sh push_ablation   # td3_fast's levers one at a time, 5 seeds (issue 12)
+#     experiments/tables.sh push_levers     # TD3 + energy prioritization, 2x updates, batch 512 (issue 12)
+#     experiments/tables.sh push_mrl        # TD3 with mrl's best Fetch settings the package has (issues 11, 12)
+#     experiments/tables.sh push_mrl_full   # ... plus LayerNorm networks and 10k random warm-up steps
+#     experiments/tables.sh push_td3_diag   # why TD3 fails Push where DDPG learns: TD3 with one of its changes to DDPG undone
+#     VARIANTS=delay1 experiments/tables.sh push_td3_diag  # ... only some of the four
+#     EPOCHS=60 SEEDS="2 0 1" VARIANTS=delay1 experiments/tables.sh push_td3_diag  # ... trained on to 600k
+#     experiments/tables.sh push_sac_diag   # SAC's Push fix: SAC without its 30% random actions
+#     experiments/tables.sh other_tasks     # PickAndPlace 600k, Slide 600k (RECIPE=td3), HandReach 500k (HAND_RECIPE=ddpg), 2 seeds
+#     experiments/tables.sh htrpo_discrete  # HTRPO FetchReach/PushDiscrete (issue 13)
+#     EPOCHS=70 experiments/tables.sh htrpo_push_discrete  # HTRPO FetchPushDiscrete only (issue 13)
+#     experiments/tables.sh htrpo_reach_discrete  # HTRPO FetchReachDiscrete, the paper's recipe, 3 seeds (issue 13)
+#     experiments/tables.sh htrpo_push      # HTRPO continuous FetchPush, 2M steps (issue 13)
+#     experiments/tables.sh ms_pacman       # HTRPO and DQN+HER on MsPacmanGoal, 2M steps (issue 13)
+#     experiments/tables.sh ms_pacman_htrpo_levers  # ... HTRPO levers screened on seed 0 to 500k (LEVERS=..., MAX_STEPS=...)
+#     MAX_STEPS=2000000 LEVERS=authors_bonus10 SEEDS="0 1 2" experiments/tables.sh ms_pacman_htrpo_levers  # ... the authors_bonus10
 #         runs trained on to 2M: the runs of ms_pacman_goal_htrpo_authors (its settings, the same in effect)
-#     bench/tables.sh hpg_screen      # HPG's step size and batch on 8 bits, seed 0; htrpo_vs_hpg: HTRPO vs HPG, seeds 1-3
-#     bench/tables.sh htrpo_reach     # HTRPO on continuous FetchReach, seeds 1-3 (the recipe was tuned on seed 0)
-#     bench/tables.sh htrpo_reach_hold  # ... with copies that run past their first success (algo.hold_goal)
-#     bench/tables.sh htrpo_push_hold_ft  # the parked continuous-FetchPush HTRPO run trained on with algo.hold_goal
-#     bench/tables.sh hpg_push        # HPG on continuous FetchPush as the authors' published config trains it, seed 0 to 512k
-#     bench/tables.sh htrpo_ablations # HTRPO without QKL / goal filtering / weighted IS / sparse reward / hindsight, 8 bits
-#     DRY_RUN=1 bench/tables.sh <table>  # print the her_mpi.sweep commands a table would run, run none
-#     bench/tables.sh htrpo_bits      # HTRPO on 16 and 32 bits from all-zero bits, seeds 0-2 (issue 13)
-#     bench/tables.sh htrpo_bits32    # HTRPO 32 bits with 100 filtered hindsight goals, seeds 1-3 (issue 13)
-#     EPOCHS=20 bench/tables.sh htrpo_push  # the long issue-13 tables capped at 20 epochs per run (resume later uncapped)
-#     bench/tables.sh htrpo_reach_fast  # HTRPO FetchReachDiscrete, the minutes recipe, 5 seeds it was not tuned on
-#     bench/tables.sh htrpo_reach_entropy  # FetchReachDiscrete paper recipe with/without the authors' entropy bonus, held-out seeds
-#     bench/tables.sh bitflip_dqn     # Double DQN + HER on 30, 40 and 50 bits, the recipes' budgets (issue 13)
-#     bench/tables.sh predator_prey   # PPO-HER vs PPO on the 12 predator-prey conditions, 2 seeds (issue 13)
-#     bench/tables.sh predator_prey_sac  # SAC+HER vs SAC on the same conditions (~16-22 min per run at np=2, quiet)
-#     bench/tables.sh predator_prey_shift  # PPO-HER with hindsight copies that keep the prey's motion: screen (seeds 0-1), then its recipe on seeds 2-3
-#     bench/tables.sh predator_prey_shift_clip  # ... with those goals clipped to the arena: screen, seeds 0-1
-#     bench/tables.sh predator_prey_static  # PPO-HER and PPO with a static prey (2-D, arena 10), 2 seeds: the early-peak control
-#     CONDITIONS="D3_S10_R1.0" bench/tables.sh predator_prey_sac  # ... on some conditions only
-#     RECIPES=predator_prey_sac_her SEEDS=0 bench/tables.sh predator_prey_sac  # ... one recipe, one seed
+#     experiments/tables.sh hpg_screen      # HPG's step size and batch on 8 bits, seed 0; htrpo_vs_hpg: HTRPO vs HPG, seeds 1-3
+#     experiments/tables.sh htrpo_reach     # HTRPO on continuous FetchReach, seeds 1-3 (the recipe was tuned on seed 0)
+#     experiments/tables.sh htrpo_reach_hold  # ... with copies that run past their first success (algo.hold_goal)
+#     experiments/tables.sh htrpo_push_hold_ft  # the parked continuous-FetchPush HTRPO run trained on with algo.hold_goal
+#     experiments/tables.sh hpg_push        # HPG on continuous FetchPush as the authors' published config trains it, seed 0 to 512k
+#     experiments/tables.sh htrpo_ablations # HTRPO without QKL / goal filtering / weighted IS / sparse reward / hindsight, 8 bits
+#     DRY_RUN=1 experiments/tables.sh <table>  # print the her_mpi.sweep commands a table would run, run none
+#     experiments/tables.sh htrpo_bits      # HTRPO on 16 and 32 bits from all-zero bits, seeds 0-2 (issue 13)
+#     experiments/tables.sh htrpo_bits32    # HTRPO 32 bits with 100 filtered hindsight goals, seeds 1-3 (issue 13)
+#     EPOCHS=20 experiments/tables.sh htrpo_push  # the long issue-13 tables capped at 20 epochs per run (resume later uncapped)
+#     experiments/tables.sh htrpo_reach_fast  # HTRPO FetchReachDiscrete, the minutes recipe, 5 seeds it was not tuned on
+#     experiments/tables.sh htrpo_reach_entropy  # FetchReachDiscrete paper recipe with/without the authors' entropy bonus, held-out seeds
+#     experiments/tables.sh bitflip_dqn     # Double DQN + HER on 30, 40 and 50 bits, the recipes' budgets (issue 13)
+#     experiments/tables.sh predator_prey   # PPO-HER vs PPO on the 12 predator-prey conditions, 2 seeds (issue 13)
+#     experiments/tables.sh predator_prey_sac  # SAC+HER vs SAC on the same conditions (~16-22 min per run at np=2, quiet)
+#     experiments/tables.sh predator_prey_shift  # PPO-HER with hindsight copies that keep the prey's motion: screen (seeds 0-1), then its recipe on seeds 2-3
+#     experiments/tables.sh predator_prey_shift_clip  # ... with those goals clipped to the arena: screen, seeds 0-1
+#     experiments/tables.sh predator_prey_static  # PPO-HER and PPO with a static prey (2-D, arena 10), 2 seeds: the early-peak control
+#     CONDITIONS="D3_S10_R1.0" experiments/tables.sh predator_prey_sac  # ... on some conditions only
+#     RECIPES=predator_prey_sac_her SEEDS=0 experiments/tables.sh predator_prey_sac  # ... one recipe, one seed
+#     SEEDS="3" experiments/tables.sh push_updates   # DDPG+KFAC on Push at 400k: the baselines schedule vs twice the updates
+#     experiments/tables.sh robotics_updates  # DDPG+KFAC with twice the updates on PickAndPlace, Slide (600k), HandReach (500k)
 #
 # Seeds go in the outer loop, so every recipe has its first seed before any has its third: a table
 # stopped early still compares all its rows. Set SWEEP_TREE to run from a frozen copy of the code
@@ -124,7 +126,7 @@ push_td3_diag)  # issue 11: TD3 = DDPG + twin critics + actor every 2nd update +
     declare -A undo=([delay1]="algo.policy_delay=1" [slow_targets]="algo.policy_delay=2 algo.target_update_every=0 algo.polyak=0.95"
                      [one_critic]="algo.policy_delay=2 algo.n_critics=1" [no_smoothing]="algo.policy_delay=2 algo.target_noise=0")
     for variant in ${VARIANTS:-}; do  # a misspelt variant is an error before any run starts
-        [ -n "${undo[$variant]+set}" ] || { echo "bench/tables.sh: VARIANTS has '$variant', expected some of: ${!undo[*]}" >&2; exit 2; }
+        [ -n "${undo[$variant]+set}" ] || { echo "experiments/tables.sh: VARIANTS has '$variant', expected some of: ${!undo[*]}" >&2; exit 2; }
     done
     for seed in ${SEEDS:-1 2 0}; do
         for variant in ${VARIANTS:-delay1 slow_targets one_critic no_smoothing}; do
@@ -138,7 +140,7 @@ push_sac_diag)  # issue 11: which of SAC's two Push fixes matters; the entropy b
         sweep push_sac_diag/no_random --config fetch_push_sac --seeds "$seed" --set train.n_epochs=30 --set algo.random_eps=0
     done ;;
 other_tasks)  # issue 11: the best Push recipe on the other robotics tasks, 2 seeds. HandReach gets its own:
-    # TD3 stayed at 0.00 there over 500k where the baselines DDPG recipe learns (bench/results/hand_reach_ddpg.md)
+    # TD3 stayed at 0.00 there over 500k where the baselines DDPG recipe learns (experiments/results/hand_reach_ddpg.md)
     recipe="${RECIPE:-td3}" hand_recipe="${HAND_RECIPE:-ddpg}"
     for seed in 0 1; do
         sweep other_tasks --config "fetch_pick_and_place_$recipe" --seeds "$seed" --set train.n_epochs=60
@@ -155,13 +157,13 @@ htrpo_reach_discrete)  # issue 13: HTRPO FetchReachDiscrete alone, the paper's r
         sweep htrpo_reach_discrete --config fetch_reach_discrete_htrpo --seeds "$seed" "${cap[@]}"
     done ;;
 htrpo_reach_entropy)  # issue 13: the authors' commented-out entropy bonus (0.003, uniform) on FetchReachDiscrete, 40 epochs:
-    # entropy seed 1, then both settings on seeds 3-5 (seeds 0 and 2 of both ran before: bench/results/htrpo_reach_discrete*)
+    # entropy seed 1, then both settings on seeds 3-5 (seeds 0 and 2 of both ran before: experiments/results/htrpo_reach_discrete*)
     for seed in ${SEEDS:-1 3 4 5}; do
         [ "$seed" = 1 ] || sweep htrpo_reach_discrete --config fetch_reach_discrete_htrpo --seeds "$seed" --set train.n_epochs=40
         sweep htrpo_reach_discrete_entropy --config fetch_reach_discrete_htrpo --seeds "$seed" \
             --set algo.entropy_coef=0.003 --set algo.entropy_weighting=uniform --set train.n_epochs=40
     done ;;
-htrpo_push_discrete)  # issue 13: HTRPO FetchPushDiscrete alone (2M steps: longer than a session here, see bench/park_runs.py)
+htrpo_push_discrete)  # issue 13: HTRPO FetchPushDiscrete alone (2M steps: longer than a session here, see experiments/park_runs.py)
     for seed in 0 1 2; do
         sweep htrpo_push_discrete --config fetch_push_discrete_htrpo --seeds "$seed" "${cap[@]}"
     done ;;
@@ -180,7 +182,7 @@ ms_pacman_htrpo_levers)  # issue 13: levers on ms_pacman_goal_htrpo (0.506 / 0.3
     # copies still running (running_is); both with their critic-free, own-goal-free, bonus-free settings (authors_all), and
     # authors_all with the recipe's entropy bonus kept (authors_bonus: authors_all's entropy falls to 0.07 by 700k and
     # its success plateaus; the bonus did not change that on seed 0); authors_bonus10: ten times that bonus (0.03;
-    # bench/entropy_gradient.py: 0.003 is <= 1 % of the step; at 500k it helps seed 2, slows seed 0; to 2M it passes the
+    # experiments/entropy_gradient.py: 0.003 is <= 1 % of the step; at 500k it helps seed 2, slows seed 0; to 2M it passes the
     # bonus-free plateaus: now the recipe ms_pacman_goal_htrpo_authors). LEVERS picks some; SEEDS others
     authors_inputs="normalizer.enabled=false algo.activation=tanh"
     authors_path="$authors_inputs algo.is_normaliser=running algo.critic=false algo.original_goals=false"
@@ -189,7 +191,7 @@ ms_pacman_htrpo_levers)  # issue 13: levers on ms_pacman_goal_htrpo (0.506 / 0.3
         [authors_all]="$authors_path algo.entropy_coef=0 algo.entropy_weighting=surrogate" [authors_bonus]="$authors_path"
         [authors_bonus10]="$authors_path algo.entropy_coef=0.03")
     for name in ${LEVERS:-batch2x kl2x goals32}; do  # a misspelt lever is an error before any run starts
-        [ -n "${lever[$name]+set}" ] || { echo "bench/tables.sh: LEVERS has '$name', expected some of: ${!lever[*]}" >&2; exit 2; }
+        [ -n "${lever[$name]+set}" ] || { echo "experiments/tables.sh: LEVERS has '$name', expected some of: ${!lever[*]}" >&2; exit 2; }
     done
     for seed in ${SEEDS:-0}; do for name in ${LEVERS:-batch2x kl2x goals32}; do
         sets=(); for kv in ${lever[$name]}; do sets+=(--set "$kv"); done  # batch2x: epochs of the same length
@@ -228,7 +230,7 @@ htrpo_push_hold_ft)  # issue 13: the parked fetch_push_htrpo seed-0 run (752k st
     # EPOCHS (default 56: +144k steps). A diagnostic of hold_goal on Push, not a recipe's curve
     run="$OUT/htrpo_push_hold_ft/fetch_push_htrpo/seed0"
     if [ ! -f "$run/checkpoints/latest.pt" ]; then
-        mkdir -p "$run" && cp -r "$ROOT/bench/parked/htrpo_push/fetch_push_htrpo/seed0/." "$run/"
+        mkdir -p "$run" && cp -r "$ROOT/experiments/parked/htrpo_push/fetch_push_htrpo/seed0/." "$run/"
         rm -f "$run/finished.json" "$run/sweep.json"  # not the recipe as swept: its label comes from config.yaml
     fi
     (cd "$TREE" && PYTHONPATH="$TREE:$TREE/export" mpirun -np 2 python -m her_mpi.train --resume "$run" \
@@ -275,7 +277,23 @@ predator_prey_static)  # control for PPO-HER's early peak on a moving prey: the 
     # with a prey that stands still, where the `final` hindsight copies match what the agent sees
     sweep predator_prey_static/D2_S10_R1.0 --config predator_prey_ppo_her --config predator_prey_ppo --seeds 0-1 \
         --set "env.kwargs={dims: 2, arena_size: 10.0, interception_distance: 1.0, prey_mode: static}" ;;
+push_updates)  # DDPG+KFAC on FetchPush: twice the baselines' replayed samples per env step (n_batches 80) against the recipe
+    for seed in ${SEEDS:-3}; do
+        sweep push_screen_nb80 --config fetch_push_ddpg_kfac --seeds "$seed" --set train.n_batches=80 \
+            --set train.max_env_steps=400000 --set train.n_epochs=40
+        sweep push_screen_base --config fetch_push_ddpg_kfac --seeds "$seed" --set train.max_env_steps=400000 \
+            --set train.n_epochs=40
+    done ;;
+robotics_updates)  # DDPG+KFAC with n_batches 80 on the other robotics tasks
+    for seed in ${SEEDS:-0}; do
+        for recipe in fetch_pick_and_place_ddpg_kfac fetch_slide_ddpg_kfac; do
+            sweep robotics_nb80 --config "$recipe" --seeds "$seed" --set train.n_batches=80 \
+                --set train.max_env_steps=600000 --set train.n_epochs=60
+        done
+        sweep robotics_nb80 --config hand_reach_ddpg_kfac --seeds "$seed" --set train.n_batches=80 \
+            --set train.max_env_steps=500000 --set train.n_epochs=50
+    done ;;
 *)
-    echo "usage: bench/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|push_td3_diag|push_sac_diag|other_tasks|htrpo_discrete|htrpo_reach_discrete|htrpo_reach_entropy|htrpo_push_discrete|htrpo_push|ms_pacman|ms_pacman_htrpo_levers|hpg_screen|htrpo_vs_hpg|htrpo_ablations|htrpo_reach|htrpo_reach_fast|htrpo_bits|htrpo_bits32|bitflip_dqn|predator_prey|predator_prey_sac|predator_prey_shift|predator_prey_shift_clip|predator_prey_static" >&2
+    echo "usage: experiments/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|push_td3_diag|push_sac_diag|other_tasks|htrpo_discrete|htrpo_reach_discrete|htrpo_reach_entropy|htrpo_push_discrete|htrpo_push|ms_pacman|ms_pacman_htrpo_levers|hpg_screen|htrpo_vs_hpg|htrpo_ablations|htrpo_reach|htrpo_reach_fast|htrpo_bits|htrpo_bits32|bitflip_dqn|predator_prey|predator_prey_sac|predator_prey_shift|predator_prey_shift_clip|predator_prey_static|push_updates|robotics_updates" >&2
     exit 2 ;;
 esac

@@ -1,13 +1,13 @@
 """Carry long runs from one session to the next through git.
 
-    python bench/park_runs.py park runs/sweeps/htrpo_push_discrete   # at a session's end, run stopped
-    python bench/park_runs.py unpark                                  # at the next session's start
+    python experiments/park_runs.py park runs/sweeps/htrpo_push_discrete   # at a session's end, run stopped
+    python experiments/park_runs.py unpark                                  # at the next session's start
 
 A 2M-step row takes longer than a session here, and `runs/` (gitignored) may not survive to the next
 one. `park` copies every run with a checkpoint under the given sweep directories (its small files and
 checkpoints/latest.pt, a few MB for on-policy agents; no replay buffers are parked: park on-policy runs) to
-bench/parked/<path below runs/sweeps>; commit that. `unpark` copies them back where the sweep
-expects them unless the run there is as far along already, so running the same `bench/tables.sh`
+experiments/parked/<path below runs/sweeps>; commit that. `unpark` copies them back where the sweep
+expects them unless the run there is as far along already, so running the same `experiments/tables.sh`
 or `her_mpi.sweep` command again resumes each run from its parked checkpoint (a run that finished
 at an `EPOCHS=N` cap trains on when the command asks for more epochs). Stop the sweep
 first (Ctrl-C or SIGTERM to the `her_mpi.sweep` process): it checkpoints before it exits.
@@ -28,7 +28,7 @@ from her_mpi.checkpoint import replay_dir  # noqa: E402
 from her_mpi.sweep import progress_rows  # noqa: E402
 
 SWEEPS = ROOT / "runs" / "sweeps"
-PARKED = ROOT / "bench" / "parked"
+PARKED = ROOT / "experiments" / "parked"
 CHECKPOINT = Path("checkpoints") / "latest.pt"
 
 
@@ -63,7 +63,7 @@ def park(sweeps: list[Path]) -> int:
             print(f"parked {run.relative_to(ROOT)} at epoch {epochs_done(run)} -> {target.relative_to(ROOT)}")
             if replay_dir((run / CHECKPOINT).parent, rank=0).is_dir():  # off-policy: GBs, not for git
                 print(f"park_runs: {run.relative_to(ROOT)} has replay buffers, which are not parked: resumed from "
-                      f"bench/parked alone it starts with empty buffers (an inexact resume; her_mpi warns)")
+                      f"experiments/parked alone it starts with empty buffers (an inexact resume; her_mpi warns)")
     return 0
 
 
@@ -82,7 +82,7 @@ def unpark() -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    park_parser = sub.add_parser("park", help="copy runs' latest checkpoints into bench/parked")
+    park_parser = sub.add_parser("park", help="copy runs' latest checkpoints into experiments/parked")
     park_parser.add_argument("sweeps", nargs="+", type=Path, help="sweep directories under runs/sweeps")
     sub.add_parser("unpark", help="copy parked runs back to runs/sweeps")
     args = parser.parse_args(argv)

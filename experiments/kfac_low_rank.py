@@ -1,7 +1,7 @@
 """How well low-rank K-FAC (``algo.kfac.rank``) approximates the exact damped inverses, on the
 Kronecker factors of a real K-FAC training run.
 
-    python bench/kfac_low_rank.py CHECKPOINT [CHECKPOINT ...] [--ranks 8 16 32 64] [--name kfac_low_rank]
+    python experiments/kfac_low_rank.py CHECKPOINT [CHECKPOINT ...] [--ranks 8 16 32 64] [--name kfac_low_rank]
 
 For every factor F of dimension > 4 x rank (the ones ``rank`` makes low rank), with the damping
 delta the factored scheme gives it, the error of the low-rank inverse M_k against the exact
@@ -10,7 +10,7 @@ gradients for G, whose second moment is F itself):
 
     sqrt(tr((M_k - M) F (M_k - M)) / tr(M F M))
 
-Writes bench/results/<name>.json and .png (error per factor against rank).
+Writes experiments/results/<name>.json and .png (error per factor against rank).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """PPO vs PPO-HER on predator-prey across interception distances (equal step budgets).
 
-    python bench/ppo_predator_prey.py --distances 2.0 1.0 0.5 --epochs 6
+    python experiments/ppo_predator_prey.py --distances 2.0 1.0 0.5 --epochs 6
 """
 
 from __future__ import annotations

@@ -1,17 +1,17 @@
 """MsPacmanGoal policies on every goal once: their exact success rate, and where they fail.
 
-    python bench/ms_pacman_goals.py bench/parked/ms_pacman [--repeat 2 --name ms_pacman_goals]
+    python experiments/ms_pacman_goals.py experiments/parked/ms_pacman [--repeat 2 --name ms_pacman_goals]
 
 MsPacmanGoal-v0's emulator is deterministic (no sticky actions, the same maze after every reset)
 and its desired goal is drawn uniformly from a finite set (the 162 reachable cells other than
 the start cell), so a deterministic policy's episode is a function of its goal alone. A sampled
-evaluation (100 test episodes in training, ``bench/unseen_eval.py``'s 300) therefore estimates,
+evaluation (100 test episodes in training, ``experiments/unseen_eval.py``'s 300) therefore estimates,
 with sampling noise, a number this script computes exactly: the mean success over all goals. It
 also means no goal is "unseen" after training: training draws from the same 162.
 
 Each run's checkpoints/latest.pt (under the given run or sweep directories) plays one episode per
 goal (``goal_cells=[cell]``), ``--repeat`` times with different env seeds to check the outcome
-does not vary. Results: bench/results/<name>.json and .md (rows keyed by run path, later calls
+does not vary. Results: experiments/results/<name>.json and .md (rows keyed by run path, later calls
 add) and .png (each policy's per-goal outcome on the maze's 14x19 grid).
 """
 
@@ -140,7 +140,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paths", nargs="+", type=Path, help="run or sweep directories holding checkpoints/latest.pt")
     parser.add_argument("--repeat", type=int, default=2, help="episodes per goal, different env seeds (default 2)")
-    parser.add_argument("--name", default="ms_pacman_goals", help="results file name in bench/results")
+    parser.add_argument("--name", default="ms_pacman_goals", help="results file name in experiments/results")
     args = parser.parse_args()
     if args.repeat < 1:
         raise SystemExit(f"ms_pacman_goals: --repeat must be >= 1, got {args.repeat}")
@@ -149,7 +149,7 @@ def main() -> int:
     played = [play_every_goal(run, args.repeat, distance) for run in run_dirs(args.paths)]
     rows = merge_rows(path, played, lambda r: (str(r.get("label") or r["recipe"]), r["seed"] or 0))
     lines = ["# MsPacmanGoal: every goal once", "",
-             "`python bench/ms_pacman_goals.py <run or sweep dirs>`: each run's latest checkpoint, deterministic,",
+             "`python experiments/ms_pacman_goals.py <run or sweep dirs>`: each run's latest checkpoint, deterministic,",
              "one episode per goal cell (repeated with other env seeds to check the outcome does not vary).",
              "This is the exact success over the env's uniform goal distribution; sampled evaluations estimate it.", "",
              "Success by the goal's distance: the fewest steps a ghost-free path takes (`cell_distances()`; horizon 26).", "",

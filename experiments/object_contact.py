@@ -1,13 +1,13 @@
 """Does a Fetch manipulation policy touch the object? A diagnostic for runs that have not taken off.
 
-    python bench/object_contact.py RUN_DIR_OR_CHECKPOINT [...] [--episodes 40] [--seed 1000] [--name NAME]
+    python experiments/object_contact.py RUN_DIR_OR_CHECKPOINT [...] [--episodes 40] [--seed 1000] [--name NAME]
 
 Before FetchPush's success rate rises, test success only counts the episodes whose object starts
 at its goal, so curves of different recipes look alike. This runs each policy's deterministic
 actions on the same episodes and prints, per checkpoint, what it does with the object: the share of
 episodes in which the object moved more than 2 cm, its mean displacement, the median closest
 gripper-object distance, and the object's distance to the goal at the start and at the end.
-With ``--name`` the rows are also saved to bench/results/NAME.json.
+With ``--name`` the rows are also saved to experiments/results/NAME.json.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def main() -> None:
     parser.add_argument("checkpoints", nargs="+", help="run directories or checkpoint files of Fetch object tasks")
     parser.add_argument("--episodes", type=int, default=40)
     parser.add_argument("--seed", type=int, default=1000, help="seed of the episodes (the same for every checkpoint)")
-    parser.add_argument("--name", help="also save the rows to bench/results/NAME.json")
+    parser.add_argument("--name", help="also save the rows to experiments/results/NAME.json")
     args = parser.parse_args()
     rows = []
     for checkpoint in args.checkpoints:

@@ -1,6 +1,6 @@
 """Bit flipping with DQN: success vs env steps for n bits, with/without HER and prioritized replay.
 
-    python bench/bitflip_sweep.py --bits 10 20 30 40 50 --epochs 5
+    python experiments/bitflip_sweep.py --bits 10 20 30 40 50 --epochs 5
 
 The HER paper solves 50 bits with HER while DQN without it fails above ~15 bits. Each epoch is
 50 cycles x 16 episodes per rank (np=2).

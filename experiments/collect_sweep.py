@@ -1,11 +1,11 @@
 """Keep a sweep's raw results in the repository and aggregate them.
 
-    python bench/collect_sweep.py runs/sweeps/push300k --name fetch_push_300k [--title ...] [--at 300k] [--spans 100k,200k]
+    python experiments/collect_sweep.py runs/sweeps/push300k --name fetch_push_300k [--title ...] [--at 300k] [--spans 100k,200k]
         [--recipe NAME] [--seed S]
 
 Copies every run's progress.csv, config.yaml, provenance.yaml, sweep.json and finished.json (small files; no checkpoints)
-from the sweep directory to bench/results/runs/<name>/<recipe>/seed<s>/, then writes the
-aggregate curves and table with ``python -m her_mpi.plot``: bench/results/<name>.png, .md and
+from the sweep directory to experiments/results/runs/<name>/<recipe>/seed<s>/, then writes the
+aggregate curves and table with ``python -m her_mpi.plot``: experiments/results/<name>.png, .md and
 .json. Runs still going are included with the epochs they have; run it again as they finish.
 A finished run stored earlier whose run directory is gone from the sweep (runs/ did not survive a
 session, or the run was parked) is kept, and said so; ``--drop-missing`` removes it.
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(1, str(ROOT))  # this checkout's her_mpi, installed or not (the aggregation runs it with -m too)
 from her_mpi.plot import parse_span_edges  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
+RESULTS = ROOT / "experiments" / "results"
 KEPT = ("progress.csv", "config.yaml", "provenance.yaml", "finished.json", "resumes.yaml", "sweep.json")
 
 
@@ -80,7 +80,7 @@ def refresh(destination: Path, sweeps: list[Path], finished_only: bool, drop_mis
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweeps", nargs="+", type=Path, help="sweep directories (python -m her_mpi.sweep --out)")
-    parser.add_argument("--name", required=True, help="results name: bench/results/<name>.{png,md,json}")
+    parser.add_argument("--name", required=True, help="results name: experiments/results/<name>.{png,md,json}")
     parser.add_argument("--title", default=None)
     parser.add_argument("--finished-only", action="store_true",
                         help="only runs that reached their budget (a run still at 20k would cut its recipe's curve there)")

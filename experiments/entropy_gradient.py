@@ -1,6 +1,6 @@
 """How large an entropy bonus has to be to matter to an HTRPO step, measured on trained checkpoints.
 
-    python bench/entropy_gradient.py RUN_DIR [RUN_DIR ...] [--episodes 12 --batches 3 --name NAME]
+    python experiments/entropy_gradient.py RUN_DIR [RUN_DIR ...] [--episodes 12 --batches 3 --name NAME]
 
 HTRPO's step is the natural gradient F^-1 g of its objective, scaled to the trust region. With an
 entropy bonus c * H the gradient is g_s + c * g_e (surrogate, entropy), so the bonus's share of
@@ -12,7 +12,7 @@ uniform, the plain mean the levers' bonus uses, by default), their ratio and the
 c = |g_s|_F / |g_e|_F is the bonus at which the entropy's push equals the objective's. F is the
 trust region's Fisher on the whole batch (training may estimate it on a subsample,
 algo.hvp_subsample), damped as training damps it. Every batch starts from the checkpoint (learn()
-would refit a critic). Results: bench/results/<name>.json and .md.
+would refit a critic). Results: experiments/results/<name>.json and .md.
 """
 
 from __future__ import annotations
@@ -29,24 +29,10 @@ from common import RESULTS  # noqa: E402
 from park_runs import CHECKPOINT  # noqa: E402
 from unseen_eval import run_dirs  # noqa: E402  (also puts this checkout's her_mpi first)
 
-from her_mpi.algos.htrpo import HTRPO, conjugate_gradient  # noqa: E402
 from her_mpi.checkpoint import load_checkpoint  # noqa: E402
 from her_mpi.config import config_from_dict  # noqa: E402
 from her_mpi.rollout import RolloutWorker  # noqa: E402
 from her_mpi.trainer import build_agent  # noqa: E402
-
-
-def fisher_measures(agent: HTRPO, batch: dict, weighting: str = "uniform") -> dict[str, float]:
-    """|g_s|_F, |g_e|_F and their Fisher cosine on one hindsight batch, in place of a policy step."""
-    g_s = agent.global_gradient(agent.importance_sampled_objective(batch))
-    g_e = agent.global_gradient(agent.entropy_term(batch, weighting))
-    hvp, iterations = agent.fisher_vector_product(batch), agent.params.cg_iters
-    d_s, d_e = conjugate_gradient(hvp, g_s, iterations), conjugate_gradient(hvp, g_e, iterations)
-    norm_s, norm_e = float(g_s @ d_s) ** 0.5, float(g_e @ d_e) ** 0.5
-    return {"fisher_norm_surrogate": norm_s, "fisher_norm_entropy": norm_e,
-            "fisher_cosine": float(g_e @ d_s) / max(norm_s * norm_e, 1e-30) if norm_e else 0.0,
-            "euclid_norm_surrogate": float(g_s.norm()), "euclid_norm_entropy": float(g_e.norm()),
-            "entropy": float(agent.policy_net.entropy(batch["x"][:1024]).mean().detach())}
 
 
 def measure(run: Path, n_episodes: int, n_batches: int, weighting: str) -> dict:
@@ -58,7 +44,7 @@ def measure(run: Path, n_episodes: int, n_batches: int, weighting: str) -> dict:
     try:
         agent = build_agent(config, worker.spec, worker.envs[0], np.random.SeedSequence(1))
         batches = []
-        agent.policy_step = lambda batch: batches.append(fisher_measures(agent, batch, weighting)) or {}
+        agent.policy_step = lambda batch: batches.append(agent.gradient_measures(batch, weighting)) or {}
         for _ in range(n_batches):  # learn() builds the batch exactly as training does, then "steps"
             agent.load_state_dict(state["agent"])
             agent.start_episodes(n_episodes)
@@ -80,7 +66,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=3, help="batches measured per run (median ratio)")
     parser.add_argument("--weighting", choices=("uniform", "surrogate"), default="uniform",
                         help="the entropy term's row weights (algo.entropy_weighting's meanings)")
-    parser.add_argument("--name", default="entropy_gradient", help="results file stem in bench/results/")
+    parser.add_argument("--name", default="entropy_gradient", help="results file stem in experiments/results/")
     args = parser.parse_args()
     if args.episodes < 1 or args.batches < 1:
         parser.error(f"--episodes {args.episodes} and --batches {args.batches}: expected integers >= 1")
@@ -101,7 +87,7 @@ def main() -> None:
               f"{r['fisher_norm_entropy']:.3g} | {r['fisher_cosine']:+.2f} | {r['balancing_coef']:.3g} "
               f"({r['balancing_coef_range'][0]:.3g}-{r['balancing_coef_range'][1]:.3g}) |" for r in rows]
     (RESULTS / f"{args.name}.md").write_text(
-        f"`python bench/entropy_gradient.py {' '.join(sys.argv[1:])}`\n\n"
+        f"`python experiments/entropy_gradient.py {' '.join(sys.argv[1:])}`\n\n"
         + "\n".join(lines) + "\n")
     print(f"wrote {RESULTS / args.name}.json and .md")
 

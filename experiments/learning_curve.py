@@ -1,6 +1,6 @@
-"""Success curves of recipes at np=2, plotted together (bench/results/<name>.{json,png}).
+"""Success curves of recipes at np=2, plotted together (experiments/results/<name>.{json,png}).
 
-    python bench/learning_curve.py configs/fetch_push_ddpg.yaml configs/fetch_push_td3.yaml --epochs 30 --name push
+    python experiments/learning_curve.py configs/fetch_push_ddpg.yaml configs/fetch_push_td3.yaml --epochs 30 --name push
 
 --collect re-summarises runs already in runs/bench/<name>/<recipe> (finished or still going)
 without training, e.g. after runs were started by hand with `--run-dir runs/bench/<name>/<recipe>`.

@@ -1,12 +1,12 @@
 """Seed 003's predator-prey table: PPO-HER against PPO (and SAC, SAC+HER where run) on the 12
 conditions (interception distance x arena size x dimensions), at equal env steps.
 
-    bench/tables.sh predator_prey            # the PPO rows (bench/tables.sh predator_prey_sac: SAC rows)
-    python bench/predator_prey_table.py runs/sweeps/predator_prey
+    experiments/tables.sh predator_prey            # the PPO rows (experiments/tables.sh predator_prey_sac: SAC rows)
+    python experiments/predator_prey_table.py runs/sweeps/predator_prey
 
-Copies the finished runs' small files to bench/results/runs/predator_prey_12/ (keeping the runs
+Copies the finished runs' small files to experiments/results/runs/predator_prey_12/ (keeping the runs
 already there that the sweep directory does not have: the table is made over several sessions) and writes
-bench/results/predator_prey_12.{md,json,png}: per condition and algorithm, the median over seeds
+experiments/results/predator_prey_12.{md,json,png}: per condition and algorithm, the median over seeds
 of the final test success rate (the last evaluation, at the recipe's budget; in bold where best), every
 seed's value, the median over seeds of the best evaluation on the way (peak: the max of ~20 evaluations of 100
 episodes each, so biased up by ~2 binomial standard deviations, ~0.05 near 0.9),
@@ -138,11 +138,11 @@ def plot(summary: dict, algorithms: list[str], output: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("sweep", type=Path, help="the sweep directory (bench/tables.sh predator_prey writes "
+    parser.add_argument("sweep", type=Path, help="the sweep directory (experiments/tables.sh predator_prey writes "
                                                  "runs/sweeps/predator_prey)")
-    parser.add_argument("--name", default="predator_prey_12", help="bench/results/<name>.{md,json,png}")
+    parser.add_argument("--name", default="predator_prey_12", help="experiments/results/<name>.{md,json,png}")
     parser.add_argument("--with", dest="beside", type=Path, action="append", default=[],
-                        help="also tabulate the runs kept in this directory (e.g. bench/results/runs/predator_prey_12)")
+                        help="also tabulate the runs kept in this directory (e.g. experiments/results/runs/predator_prey_12)")
     args = parser.parse_args()
     if not args.sweep.is_dir():
         parser.error(f"sweep directory {str(args.sweep)!r} does not exist")
@@ -162,7 +162,7 @@ def main() -> int:
     (RESULTS / f"{args.name}.md").write_text(table)
     (RESULTS / f"{args.name}.json").write_text(json.dumps({"machine": machine(), "ranks": 2, **summary}, indent=1))
     plot(summary, algorithms, RESULTS / f"{args.name}.png")
-    print(f"copied {copied} finished run(s) to {destination}; wrote bench/results/{args.name}.{{md,json,png}}")
+    print(f"copied {copied} finished run(s) to {destination}; wrote experiments/results/{args.name}.{{md,json,png}}")
     return 0
 
 

@@ -1,17 +1,17 @@
 """Measure final policies on episodes they never saw, and keep the numbers.
 
-    python bench/unseen_eval.py bench/parked/ms_pacman bench/parked/htrpo_push_discrete [--episodes 300 --seed 12345]
+    python experiments/unseen_eval.py experiments/parked/ms_pacman experiments/parked/htrpo_push_discrete [--episodes 300 --seed 12345]
 
 Every run directory with a checkpoints/latest.pt under the given paths is evaluated with
 ``python -m her_mpi.evaluate --checkpoint ... --episodes N --seed S`` (the deterministic policy;
 test episodes during training use other seeds). The results, with each run's recipe, seed and
-env steps trained, go to bench/results/<name>.json and .md (``--name``, default unseen_eval);
+env steps trained, go to experiments/results/<name>.json and .md (``--name``, default unseen_eval);
 a later call adds to or replaces rows in that file, keyed by the run's path.
 
 "Never saw" means the episodes come from a seed stream training did not use (SeedSequence(seed)
 here, SeedSequence(run seed, spawn_key=(rank, ...)) in training). Where the env is deterministic
 and its goals a finite set (MsPacmanGoal-v0: 162 cells), that is no longer true, and
-bench/ms_pacman_goals.py gives the exact number instead: every goal once.
+experiments/ms_pacman_goals.py gives the exact number instead: every goal once.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def main() -> int:
     parser.add_argument("paths", nargs="+", type=Path, help="run or sweep directories holding checkpoints/latest.pt")
     parser.add_argument("--episodes", type=int, default=300)
     parser.add_argument("--seed", type=int, default=12345)
-    parser.add_argument("--name", default="unseen_eval", help="results file name in bench/results")
+    parser.add_argument("--name", default="unseen_eval", help="results file name in experiments/results")
     args = parser.parse_args()
     if args.episodes < 1:
         raise SystemExit(f"unseen_eval: --episodes must be >= 1, got {args.episodes}")
@@ -118,7 +118,7 @@ def main() -> int:
               flush=True)
     rows = merge_rows(path, measured, lambda r: (r["env_id"], str(r.get("label") or r["recipe"]), r["seed"] or 0))
     md = ["# Final policies on episodes they never saw", "",
-          "`python bench/unseen_eval.py <run or sweep dirs>`: the deterministic policy of each run's latest",
+          "`python experiments/unseen_eval.py <run or sweep dirs>`: the deterministic policy of each run's latest",
           "checkpoint, `python -m her_mpi.evaluate` with the episodes and seed shown; \"last test\" is the run's",
           "last evaluation during training (100 episodes, other seeds). MsPacmanGoal-v0 is deterministic with",
           "162 goals, so its episodes here are goals training drew too: `ms_pacman_goals.md` has its exact numbers.",

@@ -1,0 +1,115 @@
+"""Tests of the research tools (experiments/collect_sweep.py, experiments/park_runs.py).
+
+    python -m pytest experiments/tests
+
+Not part of the package's suite (pytest.ini's testpaths): the package's tests import nothing from
+experiments/.
+"""
+
+import csv
+import dataclasses
+import importlib.util
+import os
+import shutil
+import subprocess
+import warnings
+from pathlib import Path
+
+import pytest
+
+from her_mpi.config import load_config
+from her_mpi.settings import UnusedSettingWarning
+
+EXPERIMENTS = Path(__file__).resolve().parents[1]
+
+
+def research_script(name: str):
+    """An experiments/ script as a module (experiments/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def fake_run(directory, seed: int, success: list[float], lr: float = 1e-3, n_ranks: int = 2):
+    directory.mkdir(parents=True)
+    config = load_config("fetch_push_td3", [f"train.seed={seed}", f"algo.lr_actor={lr}"])
+    (directory / "config.yaml").write_text(config.to_yaml())
+    with open(directory / "progress.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["epoch", "env_steps", "env_steps_per_rank", "n_ranks", "test_success_rate",
+                         "train_success_rate", "time_s", "test_episodes"])
+        for epoch, value in enumerate(success):
+            steps = 10_000 * (epoch + 1)
+            writer.writerow([epoch, steps, steps // n_ranks, n_ranks, value, 0, 30.0 * (epoch + 1), 50])
+
+
+def test_collecting_a_sweep_again_keeps_finished_runs_whose_directory_is_gone(tmp_path, capsys):
+    collect_sweep = research_script("collect_sweep")
+    sweep, stored = tmp_path / "sweeps/pacman", tmp_path / "results/pacman"
+    for seed in (0, 1):
+        fake_run(sweep / "recipe" / f"seed{seed}", seed, [0.1, 0.2])
+        (sweep / "recipe" / f"seed{seed}/finished.json").write_text("{}")
+    fake_run(sweep / "recipe/seed2", 2, [0.1])  # still training
+    assert collect_sweep.refresh(stored, [sweep], finished_only=True) == 2
+    shutil.rmtree(sweep / "recipe/seed0")  # e.g. runs/ lost with the session
+    (sweep / "recipe/seed1/progress.csv").write_text((sweep / "recipe/seed1/progress.csv").read_text() + "2,30000,15000,2,0.9,0,90,50\n")
+    assert collect_sweep.refresh(stored, [sweep], finished_only=True) == 2
+    assert "kept pacman/recipe/seed0" in capsys.readouterr().out
+    assert (stored / "pacman/recipe/seed0/progress.csv").read_text().count("\n") == 3  # header + 2 epochs, as stored
+    assert (stored / "pacman/recipe/seed1/progress.csv").read_text().endswith(",0.9,0,90,50\n")  # refreshed
+    assert not (stored / "pacman/recipe/seed2").exists()
+    assert collect_sweep.refresh(stored, [sweep], finished_only=True, drop_missing=True) == 1
+    assert not (stored / "pacman/recipe/seed0").exists()
+    fake_run(sweep / "other/seed0", 0, [0.3])  # a second recipe in the same sweep, left out by --recipe
+    (sweep / "other/seed0/finished.json").write_text("{}")
+    assert collect_sweep.refresh(stored, [sweep], finished_only=True, recipes={"recipe"}) == 1
+    assert not (stored / "pacman/other").exists()
+    # --seed: the held-out seeds only (seed1 of "recipe"; "other" has only seed0)
+    assert collect_sweep.refresh(stored, [sweep], finished_only=True, seeds={1}) == 1
+    assert (stored / "pacman/recipe/seed1").is_dir() and not (stored / "pacman/other").exists()
+
+
+def test_parking_carries_a_run_without_its_replay_and_unparking_keeps_the_further_copy(tmp_path, monkeypatch, capsys):
+    park_runs = research_script("park_runs")
+    monkeypatch.setattr(park_runs, "ROOT", tmp_path)
+    monkeypatch.setattr(park_runs, "SWEEPS", tmp_path / "runs/sweeps")
+    monkeypatch.setattr(park_runs, "PARKED", tmp_path / "experiments/parked")
+    run = tmp_path / "runs/sweeps/pacman/dqn/seed2"
+    fake_run(run, 2, [0.1, 0.2])
+    (run / "checkpoints/replay_rank0").mkdir(parents=True)
+    (run / "checkpoints/replay_rank0/segment.npz").write_bytes(b"x" * 100)
+    (run / "checkpoints/latest.pt").write_bytes(b"weights at epoch 1")
+    assert park_runs.park([tmp_path / "runs/sweeps/pacman"]) == 0
+    parked = tmp_path / "experiments/parked/pacman/dqn/seed2"
+    assert (parked / "checkpoints/latest.pt").read_bytes() == b"weights at epoch 1"
+    assert not (parked / "checkpoints/replay_rank0").exists()  # GBs for an off-policy run: never in git
+    assert "has replay buffers, which are not parked" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="not a sweep directory"):
+        park_runs.park([tmp_path / "elsewhere"])
+
+    # the run trained on after parking: unpark keeps it; once runs/ is lost, unpark restores the parked copy
+    (run / "progress.csv").write_text((run / "progress.csv").read_text() + "2,30000,15000,2,0.9,0,90,50\n")
+    assert park_runs.unpark() == 0
+    assert "kept runs/sweeps/pacman/dqn/seed2 (epoch 3; parked: 2)" in capsys.readouterr().out
+    shutil.rmtree(tmp_path / "runs")
+    assert park_runs.unpark() == 0
+    assert (run / "checkpoints/latest.pt").read_bytes() == b"weights at epoch 1"
+    assert (run / "progress.csv").read_text() == (parked / "progress.csv").read_text()
+
+
+def test_the_pacman_authors_recipe_is_the_screened_lever():
+    """ms_pacman_goal_htrpo_authors's evidence is the authors_bonus10 lever's runs (experiments/tables.sh
+    ms_pacman_htrpo_levers trained on to 2M): the recipe must train what that lever trains."""
+    command = subprocess.run(["bash", str(EXPERIMENTS / "tables.sh"), "ms_pacman_htrpo_levers"], check=True,
+                             capture_output=True, text=True, env={**os.environ, "DRY_RUN": "1", "LEVERS": "authors_bonus10",
+                                                                  "SEEDS": "0", "MAX_STEPS": "2000000"}).stdout.split()
+    lever = [command[i + 1] for i, word in enumerate(command) if word == "--set"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnusedSettingWarning)  # the critic's settings with algo.critic=false
+        screened = dataclasses.asdict(load_config(EXPERIMENTS.parent / "configs" / "ms_pacman_goal_htrpo.yaml", lever))
+        recipe = dataclasses.asdict(load_config(EXPERIMENTS.parent / "configs" / "ms_pacman_goal_htrpo_authors.yaml"))
+    for settings in (screened, recipe):  # settings of the critic, which neither trains
+        for key in ("lr_critic", "critic_iters"):
+            settings["algo"].pop(key)
+    assert screened == recipe
