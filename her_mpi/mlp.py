@@ -39,10 +39,18 @@ _NAMES = {nn.ReLU: "relu", nn.Tanh: "tanh", nn.ELU: "elu"}
 # ``out`` (the incoming gradient itself when the pass owns it: no new tensor per layer).
 _FORWARD = {"relu": torch.relu_, "tanh": torch.tanh_, "elu": lambda z: F.elu_(z)}
 _aten = torch.ops.aten
-# (the overloads' C++ callables: the OpOverload's Python __call__ costs as much as the op here)
-_threshold_backward = _aten.threshold_backward.grad_input._op
-_tanh_backward = _aten.tanh_backward.grad_input._op
-_elu_backward = _aten.elu_backward.grad_input._op
+
+
+def direct_callable(overload):
+    """An ATen overload's C++ callable, ``_op`` (the OpOverload's Python ``__call__`` costs as much
+    as the op itself at these sizes). ``_op`` is private: where a PyTorch release drops it, the
+    public overload is used instead, with the same arguments and results, only slower."""
+    return getattr(overload, "_op", overload)
+
+
+_threshold_backward = direct_callable(_aten.threshold_backward.grad_input)
+_tanh_backward = direct_callable(_aten.tanh_backward.grad_input)
+_elu_backward = direct_callable(_aten.elu_backward.grad_input)
 _DERIVATIVE = {
     "relu": lambda g, y, out: _threshold_backward(g, y, 0, grad_input=out),
     "tanh": lambda g, y, out: _tanh_backward(g, y, grad_input=out),
@@ -100,7 +108,7 @@ def forward_layers(x, layers, activations, norms=(), normalized: list | None = N
     return outputs
 
 
-_native_layer_norm_backward = _aten.native_layer_norm_backward.default._op
+_native_layer_norm_backward = direct_callable(_aten.native_layer_norm_backward.default)
 
 
 def layer_norm_backward(grad: torch.Tensor, z: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:

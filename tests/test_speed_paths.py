@@ -56,6 +56,31 @@ def test_mlp_passes_match_autograd(activation, output_activation, norms):
         frozen.backward(output_grad)
 
 
+def test_the_public_overloads_stand_in_for_the_private_callables():
+    # her_mpi.mlp calls ATen's private ``_op`` callables for speed; where a PyTorch release drops them
+    # it falls back to the public overloads, which must compute exactly the same
+    from her_mpi import mlp as passes
+
+    class WithoutPrivateCallable:  # an overload of a release without ``_op``
+        def __call__(self, *args, **kwargs):
+            return "public"
+
+    assert passes.direct_callable(WithoutPrivateCallable())() == "public"
+    aten = torch.ops.aten
+    g, y = torch.randn(64, 32), torch.randn(64, 32)
+    cases = [(aten.threshold_backward.grad_input, (g, y.relu(), 0)), (aten.tanh_backward.grad_input, (g, y.tanh())),
+             (aten.elu_backward.grad_input, (g, 1.0, 1, 1.0, True, F.elu(y)))]
+    for overload, args in cases:
+        fast, public = torch.empty_like(g), torch.empty_like(g)
+        passes.direct_callable(overload)(*args, grad_input=fast)
+        overload(*args, grad_input=public)
+        assert torch.equal(fast, public), overload
+    mean, rstd = y.mean(-1, keepdim=True), y.var(-1, keepdim=True, unbiased=False).add(1e-5).rsqrt()
+    args = (g, y, y.shape[-1:], mean, rstd, None, None, [True, False, False])
+    assert torch.equal(passes.direct_callable(aten.native_layer_norm_backward.default)(*args)[0],
+                       aten.native_layer_norm_backward.default(*args)[0])
+
+
 def test_mlp_autograd_forward_is_twice_differentiable():
     """On-policy algorithms take Hessian-vector products through these networks."""
     torch.manual_seed(0)
