@@ -14,6 +14,15 @@ LEADING_COLUMNS = ["epoch", "env_steps", "env_steps_per_rank", "n_ranks", "test_
                    "train_success_rate", "time_s"]
 
 
+def read_progress(run_dir: Path) -> list[dict]:
+    """A run's progress.csv rows as dicts of strings (none before its first epoch)."""
+    path = Path(run_dir) / "progress.csv"
+    if not path.is_file():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
 class RunLogger:
     """Appends one row per epoch to progress.csv (and TensorBoard).
 

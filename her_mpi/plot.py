@@ -22,7 +22,6 @@ long run's single evaluations move by +-0.1, so its level over a stretch of trai
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 import textwrap
@@ -32,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+
+from her_mpi.logger import read_progress
 
 THRESHOLDS = (0.5, 0.8, 0.9)
 # Sections that change how a run is recorded, not what it learns; the budgets (epochs, env steps)
@@ -87,8 +88,7 @@ def find_runs(paths: list[Path]) -> list[Run]:
             raise SystemExit(f"her_mpi.plot: no runs under {str(path)!r} (expected run directories "
                              f"with a progress.csv)")
         for run_dir in found:
-            with open(run_dir / "progress.csv", newline="") as f:
-                rows = list(csv.DictReader(f))
+            rows = read_progress(run_dir)
             if not rows:
                 continue  # a run that has not finished its first epoch
             config_path = run_dir / "config.yaml"

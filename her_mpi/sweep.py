@@ -17,7 +17,6 @@ overall ETA from the env-step throughput of the runs so far.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import re
@@ -33,6 +32,7 @@ import numpy as np
 
 from her_mpi.config import ConfigError, load_config, resolve_recipe
 from her_mpi.logger import format_duration
+from her_mpi.logger import read_progress as progress_rows
 from her_mpi.run_status import EXIT_HUNG, EXIT_LOST, EXIT_PREEMPTED
 
 FINISHED = "finished.json"  # written by the sweep when a run's job exits cleanly at its budget
@@ -162,15 +162,6 @@ def job_env() -> dict:
     if hasattr(os, "geteuid") and os.geteuid() == 0:  # Open MPI refuses root without these
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     return env
-
-
-def progress_rows(run_dir: Path) -> list[dict]:
-    """The run's progress.csv rows (none before its first epoch)."""
-    progress = run_dir / "progress.csv"
-    if not progress.is_file():
-        return []
-    with open(progress, newline="") as f:
-        return list(csv.DictReader(f))
 
 
 def last_row(run_dir: Path) -> dict:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import os
 import random
 import subprocess
@@ -11,6 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from her_mpi.logger import read_progress  # noqa: F401  (the one progress.csv reader, for the tests)
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAMS = Path(__file__).resolve().parent / "programs"
@@ -49,11 +50,6 @@ def run_python(args: list[str], timeout: float = 600, cwd: Path | None = None) -
     result = subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True,
                             timeout=timeout, env=mpi_env(), cwd=cwd or ROOT)
     return result
-
-
-def read_progress(run_dir: Path) -> list[dict]:
-    with open(Path(run_dir) / "progress.csv", newline="") as f:
-        return list(csv.DictReader(f))
 
 
 def measures_time_or_memory(column: str) -> bool:
