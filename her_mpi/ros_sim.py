@@ -142,6 +142,7 @@ class Simulation:
         self.diagnostics: list[dict] = []
         self.stop_measure: dict = {}
         self.counts_before: dict = {}
+        self.still: tuple = ()  # the robot's last (observation, goal)
 
     # -- messages ------------------------------------------------------------------------------
 
@@ -207,19 +208,27 @@ class Simulation:
     def wait_for_controller(self) -> None:
         """Publish a first observation until the controller answers (it is configured and active)."""
         o, _ = self.env.reset()
-        obs, goal = np.ravel(o["observation"]).astype(np.float32), np.asarray(o["desired_goal"], np.float32)
+        self.still = np.ravel(o["observation"]).astype(np.float32), np.asarray(o["desired_goal"], np.float32)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while self.actions_received == 0:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the controller did not answer within {READY_TIMEOUT_S:g} s")
-            self.publish(obs, goal)
+            self.publish(*self.still)
             self.wait_until(time.monotonic() + 0.1)
-        self.latencies_s.clear()
+
+    def stand_still(self, seconds: float) -> None:
+        """Keep publishing the robot's last state at the control rate (a driver streams its state
+        whether or not anything moves), so that the controller's inputs stay fresh meanwhile."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.publish(*self.still)
+            self.wait_until(min(end, time.monotonic() + self.period_s))
 
     def run_episodes(self) -> list[float]:
         successes = []
-        self.wait_until(time.monotonic() + 1.2)  # a diagnostics message: the controller's counts before the episodes
+        self.stand_still(1.2)  # a diagnostics message: the controller's counts before the episodes
         self.counts_before = dict(self.diagnostics[-1]) if self.diagnostics else {}
+        self.latencies_s.clear()
         tick = time.monotonic()
         for episode in range(self.args.episodes):
             o, _ = self.env.reset()
@@ -234,6 +243,7 @@ class Simulation:
                 tick += self.period_s
                 self.wait_until(tick)
                 o, _, terminated, truncated, info = self.env.step(self.applied_action())
+                self.still = np.ravel(o["observation"]).astype(np.float32), np.asarray(o["desired_goal"], np.float32)
                 success = float(info.get("is_success", 0.0))
                 if terminated or truncated:
                     break
@@ -347,7 +357,7 @@ def main(argv=None) -> int:
                                np.random.SeedSequence(args.seed))
         sim.env = worker.envs[0]
         successes = sim.run_episodes()
-        sim.wait_until(time.monotonic() + 1.2)  # one more diagnostics message with the final counts
+        sim.stand_still(1.2)  # one more diagnostics message with the final counts
         print(json.dumps(sim.report(successes)), flush=True)
         return 0
     except RuntimeError as exc:
