@@ -36,12 +36,12 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from her_mpi.envs.drawing import FAILURE_COLOR, SUCCESS_COLOR, banner_height, caption_font  # noqa: F401
 from her_mpi.config import ConfigError, EnvConfig
 
 VIDEO_FORMATS = ("mp4", "gif")
 GL_BACKENDS = ("egl", "osmesa", "glfw")  # the values gymnasium's MuJoCo renderer accepts
 MIN_SIZE, MAX_SIZE = 16, 4096
-SUCCESS_COLOR, FAILURE_COLOR = (80, 220, 100), (255, 90, 80)
 # The video episodes' seed stream: entropy of its own, so it never equals a training stream
 # (those are SeedSequence(seed, spawn_key=(rank,)) and their children).
 VIDEO_STREAM_TAG = 0x766964656F  # "video"
@@ -169,20 +169,13 @@ class RenderEnv:
         entry_point = gym.spec(env_cfg.id).entry_point
         creator = entry_point if callable(entry_point) else load_env_creator(entry_point)
         modes = (getattr(creator, "metadata", None) or {}).get("render_modes", [])
-        self.drawer = None
-        if "rgb_array" in modes:
-            extra = {"render_mode": "rgb_array"}
-            if accepts_size(creator):
-                extra.update(width=width, height=height)
-            self.env = make_env(EnvConfig(env_cfg.id, {**env_cfg.kwargs, **extra}, env_cfg.max_episode_steps))
-        else:
-            self.env = make_env(env_cfg)
-            self.drawer = DRAWERS.get(type(self.env.unwrapped).__name__)
-            if self.drawer is None:
-                self.env.close()
-                raise VideoError(f"{env_cfg.id} cannot render frames (its render modes: {modes or 'none'}) "
-                                 f"and her_mpi has no drawing of it; videos work for envs with an "
-                                 f"'rgb_array' mode and for {', '.join(DRAWN_ENV_IDS)}")
+        if "rgb_array" not in modes:
+            raise VideoError(f"{env_cfg.id} cannot render frames (its render modes: {modes or 'none'}); videos "
+                             f"need an env with an 'rgb_array' render mode")
+        extra = {"render_mode": "rgb_array"}
+        if accepts_size(creator):
+            extra.update(width=width, height=height)
+        self.env = make_env(EnvConfig(env_cfg.id, {**env_cfg.kwargs, **extra}, env_cfg.max_episode_steps))
         self.env_id = env_cfg.id
         self.spec = env_spec(self.env, env_cfg.id)
         self.mujoco_env = mujoco_env_of(self.env.unwrapped)
@@ -207,8 +200,6 @@ class RenderEnv:
         """The current state as a PIL RGB image of the requested size, goal marked."""
         from PIL import Image
 
-        if self.drawer is not None:
-            return self.drawer(self.env.unwrapped, self.width, self.height)
         viewer = self.mujoco_env.mujoco_renderer.viewer if self.mujoco_env is not None else None
         if viewer is not None:  # another env's context may be current (gymnasium does not switch)
             viewer.make_context_current()
@@ -221,8 +212,6 @@ class RenderEnv:
         scale = (self.width / native[0], self.height / native[1])
         if self.target_sites:
             draw_target_rings(image, self.mujoco_env, self.target_sites, native, scale)
-        elif type(self.env.unwrapped).__name__ == "MsPacmanGoalEnv":
-            draw_goal_cell(image, self.env.unwrapped.goal, scale)
         return image
 
     def close(self) -> None:
@@ -308,102 +297,9 @@ def draw_target_rings(image, env, sites, native: tuple[int, int], scale: tuple[f
         draw.ellipse(box, outline=color, width=line)
 
 
-def draw_goal_cell(image, goal: np.ndarray, scale: tuple[float, float]) -> None:
-    from PIL import ImageDraw
-
-    from her_mpi.envs.ms_pacman import COL_EDGES, ROW_EDGES
-
-    row, col = int(goal[0]), int(goal[1])
-    box = [COL_EDGES[col] * scale[0], ROW_EDGES[row] * scale[1],
-           COL_EDGES[col + 1] * scale[0] - 1, ROW_EDGES[row + 1] * scale[1] - 1]
-    ImageDraw.Draw(image).rectangle(box, outline=(0, 255, 255), width=max(2, round(scale[0])))
-
-
-# ---------------------------------------------------------------------------------------------
-# Drawings of the envs that cannot render themselves
-# ---------------------------------------------------------------------------------------------
-
-
-def banner_height(height: int) -> int:
-    return max(12, height // 16)
-
-
-def draw_bit_flipping(env, width: int, height: int):
-    """Two rows of cells: the bits (green where they match the goal, red where not) and the goal."""
-    from PIL import Image, ImageDraw
-
-    image = Image.new("RGB", (width, height), (40, 40, 48))
-    draw = ImageDraw.Draw(image)
-    n = env.n_bits
-    top = banner_height(height)
-    label_width = width // 6
-    cell = max(1.0, min((width - label_width - 8) / n, (height - top) / 3))
-    font = caption_font(max(8, int(min(cell, height / 10) * 0.6)))
-    for row, (name, bits) in enumerate((("bits", env.state), ("goal", env.goal))):
-        y0 = top + (height - top) / 2 + (row - 1) * cell * 1.2
-        draw.text((4, y0 + cell / 2), name, fill=(230, 230, 230), font=font, anchor="lm")
-        for i, bit in enumerate(bits):
-            x0 = label_width + i * cell
-            fill = (235, 235, 235) if bit > 0.5 else (20, 20, 20)
-            edge = (200, 200, 200) if row else (SUCCESS_COLOR if bit == env.goal[i] else FAILURE_COLOR)
-            draw.rectangle([x0 + 1, y0 + 1, x0 + cell - 1, y0 + cell - 1], fill=fill, outline=edge,
-                           width=max(1, int(cell // 8)))
-    return image
-
-
-def draw_predator_prey(env, width: int, height: int):
-    """The arena from above (dimensions 1 and 2): predator blue, prey red inside its interception
-    circle (the goal region)."""
-    from PIL import Image, ImageDraw
-
-    image = Image.new("RGB", (width, height), (30, 34, 40))
-    draw = ImageDraw.Draw(image)
-    top = banner_height(height)
-    side = min(width, height - top) - 8
-    x0, y0 = (width - side) / 2, top + (height - top - side) / 2
-    size = env.arena_size
-
-    def to_pixels(point):
-        point = np.asarray(point, np.float64)
-        px = point[0] if len(point) > 0 else 0.0
-        py = point[1] if len(point) > 1 else 0.0
-        return x0 + (px + size) / (2 * size) * side, y0 + (size - py) / (2 * size) * side
-
-    draw.rectangle([x0, y0, x0 + side, y0 + side], outline=(150, 150, 150), width=2)
-    scale = side / (2 * size)
-    prey, predator = to_pixels(env.prey), to_pixels(env.predator)
-    r = env.interception_distance * scale
-    draw.ellipse([prey[0] - r, prey[1] - r, prey[0] + r, prey[1] + r], outline=FAILURE_COLOR, width=2)
-    dot = max(3.0, side / 60)
-    draw.ellipse([prey[0] - dot, prey[1] - dot, prey[0] + dot, prey[1] + dot], fill=FAILURE_COLOR)
-    draw.ellipse([predator[0] - dot, predator[1] - dot, predator[0] + dot, predator[1] + dot], fill=(90, 150, 255))
-    if env.dims != 2:
-        note = f"showing dimension 1 of {env.dims}" if env.dims == 1 else f"showing dimensions 1-2 of {env.dims}"
-        draw.text((x0 + 4, y0 + side - 4), note, fill=(200, 200, 200), font=caption_font(max(8, height // 40)), anchor="ld")
-    return image
-
-
-DRAWERS = {"BitFlippingEnv": draw_bit_flipping, "PredatorPreyEnv": draw_predator_prey}
-DRAWN_ENV_IDS = ("BitFlipping-v0", "PredatorPrey-v0")
-
-
 # ---------------------------------------------------------------------------------------------
 # Episodes -> captioned frames
 # ---------------------------------------------------------------------------------------------
-
-
-_FONTS: dict = {}
-
-
-def caption_font(size: int):
-    from PIL import ImageFont
-
-    if size not in _FONTS:
-        try:
-            _FONTS[size] = ImageFont.load_default(size=size)
-        except (OSError, TypeError):  # Pillow without FreeType: the fixed bitmap font
-            _FONTS[size] = ImageFont.load_default()
-    return _FONTS[size]
 
 
 def caption(image, left: str, left_color, right: str):

@@ -134,7 +134,7 @@ def flip_first_wrong_bit(obs, goal):
 
 def test_bit_flipping_is_drawn_and_each_episode_captioned_with_its_result():
     render_env = video.RenderEnv(EnvConfig("BitFlipping-v0", {"n_bits": 6}), 160, 120)
-    assert render_env.drawer is not None
+    assert render_env.env.unwrapped.render_size == (160, 120)  # the env draws its own frames, at the video's size
     summaries = []
     frames = list(video.episode_frames(render_env, flip_first_wrong_bit, 2, 0, summaries))
     assert all(s.success for s in summaries)
@@ -164,13 +164,13 @@ def test_predator_prey_is_drawn_from_above():
 
 
 class NoPictureEnv(BitFlippingEnv):
-    pass
+    metadata = {"render_modes": []}
 
 
 def test_an_env_that_cannot_draw_is_refused_by_name():
     gym.register("NoPicture-v0", entry_point=NoPictureEnv)
     try:
-        with pytest.raises(video.VideoError, match="NoPicture-v0 cannot render frames.*BitFlipping-v0"):
+        with pytest.raises(video.VideoError, match="NoPicture-v0 cannot render frames.*'rgb_array' render mode"):
             video.RenderEnv(EnvConfig("NoPicture-v0"), 64, 64)
     finally:
         del gym.registry["NoPicture-v0"]
@@ -329,3 +329,17 @@ def test_videos_move_no_training_stream(video_run, tmp_path):
         same = torch.equal(a[key], b[key]) if isinstance(a[key], torch.Tensor) else \
             np.array_equal(np.asarray(a[key]), np.asarray(b[key]))
         assert same, f"{key} differs when videos are recorded"
+
+
+def test_ms_pacman_outlines_its_goal_cell_itself():
+    from her_mpi.envs.ms_pacman import COL_EDGES, ROW_EDGES
+
+    render_env = video.RenderEnv(EnvConfig("MsPacmanGoal-v0"), 160, 210)  # the emulator's own size
+    try:
+        frame = np.asarray(render_env.frame())
+        row, col = (int(v) for v in render_env.env.unwrapped.goal)
+        cyan = (frame == [0, 255, 255]).all(-1)
+        assert cyan[ROW_EDGES[row], COL_EDGES[col]:COL_EDGES[col + 1]].all()  # the cell's top edge
+        assert cyan.sum() == 2 * (COL_EDGES[col + 1] - COL_EDGES[col]) + 2 * (ROW_EDGES[row + 1] - ROW_EDGES[row]) - 4
+    finally:
+        render_env.close()

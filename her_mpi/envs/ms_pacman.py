@@ -180,8 +180,15 @@ class MsPacmanGoalEnv(ExactGoal, gym.Env):
         truncated = self.steps >= self.horizon and not terminated
         return self._obs(), 0.0 if success else -1.0, terminated, truncated, {"is_success": float(success)}
 
-    def render(self):
-        return self.ale.getScreenRGB()
+    def render(self) -> np.ndarray:
+        """The emulator's screen with the goal cell outlined in cyan."""
+        screen = self.ale.getScreenRGB().copy()
+        row, col = int(self.goal[0]), int(self.goal[1])
+        top, bottom, left, right = ROW_EDGES[row], ROW_EDGES[row + 1] - 1, COL_EDGES[col], COL_EDGES[col + 1] - 1
+        cyan = np.array([0, 255, 255], np.uint8)
+        screen[top, left:right + 1] = screen[bottom, left:right + 1] = cyan
+        screen[top:bottom + 1, left] = screen[top:bottom + 1, right] = cyan
+        return screen
 
 
 def derive_reachable_cells() -> np.ndarray:

@@ -19,15 +19,18 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
+from her_mpi.envs.drawing import FAILURE_COLOR, banner_height, caption_font, check_render_size
+
 PREY_MODES = ("static", "random", "attract", "repel", "straight_away", "random_direction")
 
 
 class PredatorPreyEnv(gym.Env):
-    metadata = {"render_modes": []}
+    metadata = {"render_modes": ["rgb_array"]}
     timeout_reward = -1.0
 
     def __init__(self, dims: int = 3, arena_size: float = 10.0, interception_distance: float = 1.0,
-                 prey_mode: str = "random_direction", prey_speed: float = 0.5, horizon: int = 20):
+                 prey_mode: str = "random_direction", prey_speed: float = 0.5, horizon: int = 20,
+                 render_mode: str | None = None, width: int = 256, height: int = 256):
         if not isinstance(dims, (int, np.integer)) or dims < 1:
             raise ValueError(f"PredatorPrey-v0: dims must be an integer >= 1, got {dims!r}")
         if not arena_size > 0:
@@ -51,6 +54,8 @@ class PredatorPreyEnv(gym.Env):
         self.dt = 0.0
         self.predator = self.prey = self.velocity = None
         self.steps = 0
+        self.render_mode = render_mode
+        self.render_size = check_render_size("PredatorPrey-v0", width, height)
 
     def _obs(self) -> dict:
         observation = np.concatenate([self.predator, self.velocity]).astype(np.float32)
@@ -106,3 +111,35 @@ class PredatorPreyEnv(gym.Env):
 
     def compute_success(self, achieved_goal, desired_goal):
         return self.compute_terminated(achieved_goal, desired_goal, None).astype(np.float32)
+
+    def render(self) -> np.ndarray:
+        """The arena from above (dimensions 1 and 2): predator blue, prey red inside its interception
+        circle (the goal region)."""
+        from PIL import Image, ImageDraw
+
+        width, height = self.render_size
+        image = Image.new("RGB", (width, height), (30, 34, 40))
+        draw = ImageDraw.Draw(image)
+        top = banner_height(height)  # the video's caption goes there
+        side = min(width, height - top) - 8
+        x0, y0 = (width - side) / 2, top + (height - top - side) / 2
+        size = self.arena_size
+
+        def to_pixels(point):
+            point = np.asarray(point, np.float64)
+            px = point[0] if len(point) > 0 else 0.0
+            py = point[1] if len(point) > 1 else 0.0
+            return x0 + (px + size) / (2 * size) * side, y0 + (size - py) / (2 * size) * side
+
+        draw.rectangle([x0, y0, x0 + side, y0 + side], outline=(150, 150, 150), width=2)
+        prey, predator = to_pixels(self.prey), to_pixels(self.predator)
+        r = self.interception_distance * side / (2 * size)
+        draw.ellipse([prey[0] - r, prey[1] - r, prey[0] + r, prey[1] + r], outline=FAILURE_COLOR, width=2)
+        dot = max(3.0, side / 60)
+        draw.ellipse([prey[0] - dot, prey[1] - dot, prey[0] + dot, prey[1] + dot], fill=FAILURE_COLOR)
+        draw.ellipse([predator[0] - dot, predator[1] - dot, predator[0] + dot, predator[1] + dot], fill=(90, 150, 255))
+        if self.dims != 2:
+            note = f"showing dimension 1 of {self.dims}" if self.dims == 1 else f"showing dimensions 1-2 of {self.dims}"
+            draw.text((x0 + 4, y0 + side - 4), note, fill=(200, 200, 200), font=caption_font(max(8, height // 40)),
+                      anchor="ld")
+        return np.asarray(image)
