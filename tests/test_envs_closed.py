@@ -3,7 +3,7 @@ leave the process's floating-point mode as they found it."""
 
 from her_mpi import evaluate, train
 from her_mpi.rollout import RolloutWorker
-from her_mpi.trainer import denormals_flushed
+from her_mpi.process_tuning import denormals_flushed
 
 BIT_FLIPPING = ["--set", "algo=dqn", "--set", "env.id=BitFlipping-v0", "--set", "env.kwargs={n_bits: 4}",
                 "--set", "train.n_epochs=1", "--set", "train.n_cycles=1", "--set", "train.n_batches=2",

@@ -394,7 +394,7 @@ def test_large_tensors_are_reused_without_page_faults_once_the_trainer_tunes_mal
     5,120 pages each, depending on the address-space layout)."""
     program = """
 import json, resource, torch
-from her_mpi.trainer import reuse_large_allocations
+from her_mpi.process_tuning import reuse_large_allocations
 def faults_of_reallocating():
     [torch.ones(5 << 20) for _ in range(4)]  # four 20 MB float32 tensors alive at once, then freed
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
