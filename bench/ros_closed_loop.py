@@ -34,6 +34,27 @@ def run(module: str, *args) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def plot(results: dict, episodes: int) -> None:
+    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for policy, r in results.items():
+        latencies = [float(ms) for ms in r["by_latency_ms"]]
+        line, = left.plot(latencies, [x["success_rate"] for x in r["by_latency_ms"].values()], "o-",
+                          label=f"{policy} through ROS")
+        left.axhline(r["direct_success_rate"], color=line.get_color(), ls="--", lw=0.8)
+        right.plot([100 * float(p) for p in r["by_drop"]], [x["success_rate"] for x in r["by_drop"].values()], "o-",
+                   color=line.get_color(), label=f"{policy} through ROS")
+        right.axhline(r["direct_success_rate"], color=line.get_color(), ls="--", lw=0.8, label=f"{policy} direct")
+    left.set_xscale("symlog", linthresh=10)
+    left.set_xticks(latencies, [f"{ms:g}" for ms in latencies])
+    left.set(xlim=(0, max(latencies) * 1.15), xlabel="added latency each way (ms)",
+             ylabel=f"success ({episodes} episodes)", ylim=(-0.05, 1.05), title="success vs latency")
+    right.set(xlabel="messages lost, each way (%)", ylim=(-0.05, 1.05), title="success vs message loss")
+    right.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(RESULTS / "ros_closed_loop.png", dpi=120)
+    plt.close(figure)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--policies", nargs="+", default=["zoo:fetch_reach", "zoo:fetch_push"])
@@ -41,7 +62,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--latencies-ms", type=float, nargs="+", default=[0, 10, 20, 40, 80, 160])
     parser.add_argument("--drops", type=float, nargs="+", default=[0.0, 0.1, 0.3, 0.5])
+    parser.add_argument("--replot", action="store_true", help="redraw the PNG from the saved JSON, run nothing")
     args = parser.parse_args()
+    if args.replot:
+        saved = json.loads((RESULTS / "ros_closed_loop.json").read_text())
+        plot(saved["results"], saved["episodes"])
+        return
     common = ["--episodes", args.episodes, "--seed", args.seed]
     results = {}
     for policy in args.policies:
@@ -54,20 +80,7 @@ def main() -> None:
                       "--stop-inputs-s", 2, "--trigger", "timer")
         results[policy] = {"direct_success_rate": direct["success_rate"], "by_latency_ms": latency,
                            "by_drop": loss, "inputs_stopped": stopped["inputs_stopped"]}
-    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for policy, r in results.items():
-        line, = left.plot(list(r["by_latency_ms"]), [x["success_rate"] for x in r["by_latency_ms"].values()], "o-",
-                          label=f"{policy} through ROS")
-        left.axhline(r["direct_success_rate"], color=line.get_color(), ls="--", lw=0.8)
-        right.plot([100 * p for p in r["by_drop"]], [x["success_rate"] for x in r["by_drop"].values()], "o-",
-                   color=line.get_color(), label=f"{policy} through ROS")
-        right.axhline(r["direct_success_rate"], color=line.get_color(), ls="--", lw=0.8, label=f"{policy} direct")
-    left.set(xscale="symlog", xlabel="added latency each way (ms)", ylabel=f"success ({args.episodes} episodes)",
-             ylim=(-0.05, 1.05), title="success vs latency")
-    right.set(xlabel="messages lost, each way (%)", ylim=(-0.05, 1.05), title="success vs message loss")
-    right.legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(RESULTS / "ros_closed_loop.png", dpi=120)
+    plot(results, args.episodes)
     save("ros_closed_loop", {"episodes": args.episodes, "seed": args.seed, "results": results})
 
 

@@ -168,55 +168,6 @@ def test_kfac_factors_match_an_autograd_sampled_pass(kind, layer_norm):
 
 # -- whole updates, against the same updates with autograd losses --------------------------------
 
-def reference_actor_critic_update(agent, batch):
-    """ActorCriticAgent.update with autograd (the code before the hand-written passes)."""
-    x = agent.inputs(batch["obs"], batch["g"])
-    with torch.no_grad():
-        target = agent.td_target(batch, agent.inputs(batch["obs_next"], batch["g_next"]))
-    q = agent.critic(torch.cat([x, batch["actions"]], -1))
-    td_error = target - q
-    critic_loss = td_error.pow(2).mean(-1).sum()
-    agent.critic_optimizer.backward(critic_loss)
-    metrics = {"critic_loss": critic_loss.detach(), "q_mean": q.detach().mean(), "target_mean": target.mean()}
-    optimizers = [agent.critic_optimizer]
-    if agent.name in ("ddpg", "td3"):
-        agent.n_critic_updates += 1
-        metrics["actor_loss"] = agent.last_actor_loss
-        if agent.n_critic_updates % agent.params.policy_delay == 0:
-            action = agent.actor(x)
-            q_pi = agent.critic.members[0](torch.cat([x, action], -1))
-            actor_loss = -q_pi.mean() + agent.params.action_l2 * action.pow(2).mean()
-            agent.actor_optimizer.backward(actor_loss)
-            agent.last_actor_loss = metrics["actor_loss"] = actor_loss.detach()
-            optimizers.append(agent.actor_optimizer)
-    else:  # sac
-        action, log_prob = agent.actor.sample(x, agent.torch_rng)
-        q_pi = agent.critic(torch.cat([x, action], -1)).min(0).values
-        alpha = agent.temperature.alpha
-        actor_loss = (alpha * log_prob - q_pi).mean()
-        agent.actor_optimizer.backward(actor_loss)
-        alpha_loss = -(agent.temperature.log_alpha * (log_prob.detach() + agent.target_entropy)).mean()
-        agent.temperature_optimizer.backward(alpha_loss)
-        metrics.update(actor_loss=actor_loss.detach(), alpha=alpha[0], entropy=-log_prob.detach().mean())
-        optimizers += [agent.actor_optimizer, agent.temperature_optimizer]
-    for optimizer in optimizers:
-        optimizer.step()
-    return metrics, td_error[0].detach().abs()
-
-
-def reference_dqn_update(agent, batch):
-    x = agent.inputs(batch["obs"], batch["g"])
-    with torch.no_grad():
-        x_next = agent.inputs(batch["obs_next"], batch["g_next"])
-        next_action = agent.q_network(x_next).argmax(-1, keepdim=True)
-        target = agent.bootstrap(batch["rewards"], batch["terminals"], agent.q_target(x_next).gather(-1, next_action).squeeze(-1))
-    q_all = agent.q_network(x)
-    q = q_all.gather(-1, batch["actions"]).squeeze(-1)
-    loss = (batch["weights"] * F.huber_loss(q, target, reduction="none", delta=1.0)).mean()
-    agent.optimizer.minimize(loss)
-    return {"q_loss": loss.detach(), "q_mean": q.detach().mean(), "target_mean": target.mean()}, (target - q).detach().abs()
-
-
 SPECS = {
     "continuous": EnvSpec("FetchPush-v4", 25, 3, False, 4, 0, (-1.0,) * 4, (1.0,) * 4, 50, 0.04),
     "discrete": EnvSpec("BitFlipping-v0", 10, 10, True, 1, 10, (), (), 10, 0.0),
@@ -245,15 +196,19 @@ def synthetic_batch(spec, n, seed):
 
 @pytest.mark.parametrize("algo, overrides", [("ddpg", ()), ("td3", ()), ("sac", ()), ("dqn", ()),
                                              ("ddpg", ("algo.layer_norm=true",)), ("td3", ("algo.layer_norm=true",)),
-                                             ("sac", ("algo.layer_norm=true",))])
+                                             ("sac", ("algo.layer_norm=true",)), ("dqn", ("algo.loss=mse",)),
+                                             ("td3", ("algo.policy_delay=1",))])
 def test_updates_end_where_autograd_updates_end(algo, overrides):
+    """The default hand-derived updates (fast_updates) against the autograd updates the algorithm
+    modules show: the same losses, TD errors and parameters after four updates."""
     ours, spec = small_agent(algo, "[32,32]", *overrides)
-    reference, _ = small_agent(algo, "[32,32]", *overrides)
-    reference_update = reference_dqn_update if algo == "dqn" else reference_actor_critic_update
+    reference, _ = small_agent(algo, "[32,32]", *overrides, "algo.fast_update=false")
     for step in range(4):
         batch = synthetic_batch(spec, 16, step)
+        if algo != "dqn" and step % 2:  # prioritized replay's importance weights, for the critics too
+            batch["weights"] = torch.linspace(0.2, 1.0, 16)
         our_metrics, our_td = ours.update(batch)
-        their_metrics, their_td = reference_update(reference, batch)
+        their_metrics, their_td = reference.update(batch)
         torch.testing.assert_close(our_td, their_td, rtol=1e-4, atol=1e-5)
         for key in their_metrics:
             torch.testing.assert_close(our_metrics[key], their_metrics[key], rtol=1e-4, atol=1e-5, msg=key)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from her_mpi.algos import fast_updates
 from her_mpi.algos.base import OffPolicyAgent, OffPolicyParams
 from her_mpi.settings import ConfigError, check, setting
 from her_mpi.nets import ActionScaler, CriticEnsemble, DeployablePolicy, flat_target_copy
@@ -90,30 +91,35 @@ class ActorCriticAgent(OffPolicyAgent):
     # -- one update ----------------------------------------------------------------------------
 
     @abstractmethod
-    def backward_actor(self, x: torch.Tensor, metrics: dict) -> list:
-        """Compute the actor's (and other) gradients; return the optimizers to step."""
+    def actor_step(self, x: torch.Tensor, metrics: dict) -> list:
+        """The actor's (and temperature's) losses and gradients in autograd, from the critics as they
+        are before this update's step; returns the optimizers to step."""
+
+    @abstractmethod
+    def fast_actor_step(self, x: torch.Tensor, metrics: dict) -> list:
+        """The same through hand-derived passes (her_mpi/algos/fast_updates.py)."""
 
     def update(self, batch):
+        """One update, as the papers write it, in plain autograd. ``algo.fast_update`` (the default)
+        runs the same update through hand-derived passes instead, equal to float tolerance."""
+        if self.params.fast_update:
+            return fast_updates.actor_critic_update(self, batch)
         x, x_next = self.input_pair(batch)
         with torch.no_grad():
-            target = self.td_target(batch, x_next)
-        critic_pass = self.critic.train_forward(torch.cat([x, batch["actions"]], -1))
-        q = critic_pass.output.squeeze(-1)  # [n_critics, batch]
+            target = self.td_target(batch, x_next)  # r + gamma * (target networks' value of s'), clipped
+        q = self.critic(torch.cat([x, batch["actions"]], -1))  # [n_critics, batch]
         td_error = target - q
-        # critic_loss = sum over critics of mean_b w_b (target_b - q_b)^2, w the importance weights of
-        # prioritized replay (else 1); its gradient w.r.t. q_b is -2 w_b (target_b - q_b) / batch
-        grad_q = td_error * (-2.0 / td_error.shape[-1])
-        squared = td_error * td_error
-        if "weights" in batch:
-            grad_q = grad_q * batch["weights"]
-            squared = batch["weights"] * squared
-        critic_loss = squared.mean(-1).sum()
-        self.critic_optimizer.backward_pass(critic_pass, grad_q)
-        metrics = {"critic_loss": critic_loss, "q_mean": q.mean(), "target_mean": target.mean()}
-        # The actor's gradient uses the same (not yet updated) critic, as in baselines.
-        for optimizer in [self.critic_optimizer] + self.backward_actor(x, metrics):
+        weights = batch.get("weights", 1.0)  # prioritized replay's importance weights, else 1
+        critic_loss = (weights * td_error.pow(2)).mean(-1).sum()  # every critic regresses onto the target
+        self.critic_optimizer.backward(critic_loss, q)
+        metrics = {"critic_loss": critic_loss.detach(), "q_mean": q.detach().mean(), "target_mean": target.mean()}
+        # the actor's gradient uses the same (not yet updated) critic, as in baselines
+        for optimizer in [self.critic_optimizer] + self.actor_step(x, metrics):
             optimizer.step()
+        return self.with_kfac_scales(metrics), td_error[0].detach().abs()
+
+    def with_kfac_scales(self, metrics: dict) -> dict:
         for name, optimizer in self.optimizers().items():
             if isinstance(optimizer, KFAC):  # the KL clip's scale: ~1 means steps are not clipped
                 metrics[f"kfac_nu_{name}"] = torch.tensor(optimizer.last_nu)
-        return metrics, td_error[0].abs()
+        return metrics

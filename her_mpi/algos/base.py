@@ -134,6 +134,10 @@ class OffPolicyParams:
         "lower_bound", "n_step > 1: lower_bound (the larger of the one-step and n-step targets) or none (the n-step "
                        "target)")
 
+    fast_update: bool = setting(True, "run updates through hand-derived passes (her_mpi/algos/fast_updates.py, about a "
+                                      "third faster); false: the plain autograd update the algorithm module shows, "
+                                      "equal to float tolerance")
+
     def validate(self, path: str) -> None:
         check(self.gamma is None or 0.0 <= self.gamma < 1.0, f"{path}.gamma", self.gamma,
               "a number in [0, 1) or null")

@@ -15,10 +15,10 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from her_mpi.algos import fast_updates
 from her_mpi.algos.base import OffPolicyAgent, OffPolicyParams
 from her_mpi.cnn import network_body
 from her_mpi.settings import ConfigError, check, setting
-from her_mpi.mlp import train_forward
 from her_mpi.nets import DeployablePolicy, GreedyAction, flat_target_copy
 from her_mpi.optim import SyncedAdam
 
@@ -106,28 +106,17 @@ class DQN(OffPolicyAgent):
         return q_next_all.max(-1).values, None
 
     def update(self, batch):
+        """One (Double) DQN update in plain autograd; ``algo.fast_update`` (the default) runs the same
+        through a hand-derived pass (her_mpi/algos/fast_updates.py), equal to float tolerance."""
+        if self.params.fast_update:
+            return fast_updates.dqn_update(self, batch)
         x, x_next = self.input_pair(batch)
         with torch.no_grad():
-            target = self.td_target(batch, x_next)
-        q_pass = train_forward(self.q_network, x)
-        q_all = q_pass.output.detach()
-        q = q_all.gather(-1, batch["actions"]).squeeze(-1)
-        td_error = target - q
-        # loss = mean_b w_b l(q_b - target_b), l Huber (delta 1) or squared, w the importance
-        # weights of prioritized replay (else 1); l' is the error clipped to [-1, 1], or twice it
-        if self.params.loss == "huber":
-            per_sample = F.huber_loss(q, target, reduction="none", delta=1.0)
-            grad_q = (-td_error).clamp(-1.0, 1.0)
-        else:
-            per_sample = td_error.pow(2)
-            grad_q = -2.0 * td_error
-        if "weights" in batch:
-            per_sample = batch["weights"] * per_sample
-            grad_q = batch["weights"] * grad_q
-        loss = per_sample.mean()
-        # only the taken action's value enters the loss
-        grad_q_all = torch.zeros_like(q_all).scatter_(-1, batch["actions"], (grad_q / len(q)).unsqueeze(-1))
-        self.optimizer.backward_pass(q_pass, grad_q_all)
-        self.optimizer.step()
-        metrics = {"q_loss": loss, "q_mean": q.mean(), "target_mean": target.mean()}
-        return metrics, td_error.abs()
+            target = self.td_target(batch, x_next)  # r + gamma * Q'(s', argmax_a Q(s', a)), clipped
+        q = self.q_network(x).gather(-1, batch["actions"]).squeeze(-1)  # the taken action's value
+        per_sample = F.huber_loss(q, target, reduction="none", delta=1.0) if self.params.loss == "huber" \
+            else (target - q).pow(2)
+        loss = (batch.get("weights", 1.0) * per_sample).mean()  # prioritized replay's weights, else 1
+        self.optimizer.minimize(loss)
+        return {"q_loss": loss.detach(), "q_mean": q.detach().mean(), "target_mean": target.mean()}, \
+            (target - q).detach().abs()

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from her_mpi.algos import fast_updates
 from her_mpi.algos.actor_critic import ActorCriticAgent, ActorCriticParams
 from her_mpi.settings import check, setting
 from her_mpi.nets import ACTIVATIONS, mlp
@@ -41,6 +42,8 @@ class SACParams(ActorCriticParams):
 
 class SquashedGaussianActor(nn.Module):
     """forward: the deterministic action tanh(mean); sample: a reparameterised action + log-prob."""
+
+    log_std_bounds = (LOG_STD_MIN, LOG_STD_MAX)  # log-std is clamped to these
 
     def __init__(self, in_dim: int, hidden: list[int], action_dim: int, activation: str, layer_norm: bool = False):
         super().__init__()
@@ -70,39 +73,11 @@ class SquashedGaussianActor(nn.Module):
         log_prob = log_prob - (2.0 * (math.log(2.0) - u - nn.functional.softplus(-2.0 * u))).sum(-1)
         return torch.tanh(u), log_prob, scaled_noise, raw_log_std
 
-    def train_forward(self, x: torch.Tensor, generator: torch.Generator | None) -> "SquashedGaussianPass":
-        """A sampled action and its log-prob, kept for the hand-written backward (her_mpi.mlp)."""
+    def train_forward(self, x: torch.Tensor, generator: torch.Generator | None) -> "fast_updates.SquashedGaussianPass":
+        """A sampled action and its log-prob, kept for the hand-derived backward (fast_updates)."""
         body_pass = self.body.train_forward(x)
         with torch.no_grad():
-            return SquashedGaussianPass(self, body_pass, *self.squash(body_pass.output, generator))
-
-
-class SquashedGaussianPass:
-    """The actor's training forward: ``backward`` writes the gradient of
-    sum(grad_action * action) + sum(grad_log_prob * log_prob) into the actor's ``.grad``."""
-
-    def __init__(self, actor, body_pass, action, log_prob, scaled_noise, raw_log_std):
-        self.actor, self.body_pass = actor, body_pass
-        self.action, self.log_prob = action, log_prob
-        self.scaled_noise, self.raw_log_std = scaled_noise, raw_log_std
-
-    def backward(self, output_grad: tuple[torch.Tensor, torch.Tensor]) -> None:
-        grad_action, grad_log_prob = output_grad
-        grad_log_prob = grad_log_prob.reshape(-1, 1)
-        a = self.action
-        # action = tanh(u), u = mean + std * noise. Along the reparameterisation the Gaussian term of
-        # log_prob is constant, so log_prob depends on u only through the tanh correction
-        # (d/du = 2 tanh(u)) and on log_std through -log_std.
-        grad_mean = grad_action * (1.0 - a * a) + 2.0 * grad_log_prob * a
-        in_range = (self.raw_log_std >= LOG_STD_MIN) & (self.raw_log_std <= LOG_STD_MAX)  # the clamp's gradient
-        grad_log_std = (grad_mean * self.scaled_noise - grad_log_prob) * in_range
-        h = self.body_pass.output
-        for head, grad in ((self.actor.mean, grad_mean), (self.actor.log_std, grad_log_std)):
-            torch.mm(grad.t(), h, out=head.weight.grad)
-            torch.sum(grad, 0, out=head.bias.grad)
-        grad_h = torch.mm(grad_mean, self.actor.mean.weight.detach())
-        grad_h.addmm_(grad_log_std, self.actor.log_std.weight.detach())
-        self.body_pass.backward(grad_h)
+            return fast_updates.SquashedGaussianPass(self, body_pass, *self.squash(body_pass.output, generator))
 
 
 class Temperature(nn.Module):
@@ -146,22 +121,17 @@ class SAC(ActorCriticAgent):
         q_next = self.critic_target(torch.cat([x_next, action_next], -1)).min(0).values
         return q_next, -self.temperature.alpha * log_prob_next
 
-    def backward_actor(self, x, metrics):
-        actor_pass = self.actor.train_forward(x, self.torch_rng)
-        action, log_prob = actor_pass.action, actor_pass.log_prob
-        # the critics as a fixed function of the action: only their input gradient is needed
-        critic_pass = self.critic.train_forward(torch.cat([x, action], -1), frozen=True)
-        q = critic_pass.output.squeeze(-1)
-        q_pi, smaller = q.min(0)
+    def actor_step(self, x, metrics):
+        action, log_prob = self.actor.sample(x, self.torch_rng)
+        q_pi = self.critic(torch.cat([x, action], -1)).min(0).values  # the smaller of the twin critics
         alpha = self.temperature.alpha
         actor_loss = (alpha * log_prob - q_pi).mean()
-        # d actor_loss / d q_pi = -1/batch, reaching the action through each sample's smaller critic;
-        # d actor_loss / d log_prob = alpha/batch
-        batch = len(q_pi)
-        grad_q = torch.zeros_like(q).scatter_(0, smaller.unsqueeze(0), -1.0 / batch)
-        grad_action = critic_pass.input_gradient(grad_q, columns=slice(-action.shape[-1], None))
-        self.actor_optimizer.backward_pass(actor_pass, (grad_action, alpha / batch))
-        # alpha_loss = -mean(log_alpha * (log_prob + target_entropy)), linear in log(alpha)
-        self.temperature_optimizer.set_gradient(-(log_prob + self.target_entropy).mean())
-        metrics.update(actor_loss=actor_loss, alpha=alpha[0], entropy=-log_prob.mean())
+        self.actor_optimizer.backward(actor_loss)
+        # the temperature steers the policy's entropy -log_prob towards target_entropy
+        alpha_loss = -(self.temperature.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
+        self.temperature_optimizer.backward(alpha_loss)
+        metrics.update(actor_loss=actor_loss.detach(), alpha=alpha[0], entropy=-log_prob.detach().mean())
         return [self.actor_optimizer, self.temperature_optimizer]
+
+    def fast_actor_step(self, x, metrics):
+        return fast_updates.sac_actor_step(self, x, metrics)

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from her_mpi.algos import fast_updates
 from her_mpi.algos.actor_critic import ActorCriticAgent, ActorCriticParams
 from her_mpi.settings import Unused, check, setting
 from her_mpi.nets import mlp
@@ -42,6 +43,8 @@ class TD3Params(ActorCriticParams):
         for name in ("action_l2", "noise_eps", "target_noise", "target_noise_clip"):
             check(getattr(self, name) >= 0, f"{path}.{name}", getattr(self, name), "a number >= 0")
         check(self.policy_delay >= 1, f"{path}.policy_delay", self.policy_delay, "an integer >= 1")
+        check(self.fast_update or self.optimizer == "adam", f"{path}.fast_update", self.fast_update,
+              "true with optimizer kfac (K-FAC takes its curvature from the hand-derived training passes)")
 
     def unused_keys(self, config) -> dict[str, Unused]:
         unused = super().unused_keys(config)
@@ -86,25 +89,25 @@ class TD3(ActorCriticAgent):
             action_next = (action_next + noise.clamp(-p.target_noise_clip, p.target_noise_clip)).clamp(-1, 1)
         return self.critic_target(torch.cat([x_next, action_next], -1)).min(0).values, None
 
-    def backward_actor(self, x, metrics):
+    def actor_due(self, metrics: dict) -> bool:
+        """Whether this critic update is followed by an actor update (every policy_delay-th); the
+        metric logged on the others is the last actor loss."""
         self.n_critic_updates += 1
         metrics["actor_loss"] = self.last_actor_loss
-        if self.n_critic_updates % self.params.policy_delay:
+        return self.n_critic_updates % self.params.policy_delay == 0
+
+    def actor_step(self, x, metrics):
+        if not self.actor_due(metrics):
             return []
-        actor_pass = self.actor.train_forward(x)
-        action = actor_pass.output
-        # the first critic as a fixed function of the action: only its input gradient is needed
-        critic_pass = self.critic.member(0).train_forward(torch.cat([x, action], -1), frozen=True)
-        q_pi = critic_pass.output
-        l2 = self.params.action_l2
-        actor_loss = -q_pi.mean() + l2 * action.pow(2).mean()
-        # d actor_loss / d action: -mean(q) through the critic's action inputs, plus the L2 term
-        grad_action = critic_pass.input_gradient(torch.full_like(q_pi, -1.0 / q_pi.numel()),
-                                                 columns=slice(-action.shape[-1], None))
-        grad_action.add_(action, alpha=2.0 * l2 / action.numel())
-        self.actor_optimizer.backward_pass(actor_pass, grad_action)
-        self.last_actor_loss = metrics["actor_loss"] = actor_loss
+        action = self.actor(x)
+        q_pi = self.critic.member(0)(torch.cat([x, action], -1)).squeeze(-1)  # the first critic, as TD3
+        actor_loss = -q_pi.mean() + self.params.action_l2 * action.pow(2).mean()
+        self.actor_optimizer.backward(actor_loss, action)
+        self.last_actor_loss = metrics["actor_loss"] = actor_loss.detach()
         return [self.actor_optimizer]
+
+    def fast_actor_step(self, x, metrics):
+        return fast_updates.td3_actor_step(self, x, metrics) if self.actor_due(metrics) else []
 
     def state_dict(self) -> dict:
         # last_actor_loss: the metric logged on updates that skip the actor (an exact resume logs it too)
