@@ -207,7 +207,7 @@ class AutogradPass:
 
     def backward(self, output_grad: torch.Tensor, parameters: bool = True, inputs: bool = False):
         if inputs or not parameters:
-            raise NotImplementedError("AutogradPass computes parameter gradients only")
+            raise ValueError("AutogradPass computes parameter gradients only (input gradients: the MLP passes)")
         params = [p for p in self.network.parameters() if p.requires_grad]
         for p in params:
             p.grad.zero_()  # ``backward`` overwrites, as the hand-written passes do
