@@ -58,6 +58,17 @@ def test_publishes_the_policy_action(harness, policy_file):
     assert h.node.stats.rejected == 0
 
 
+def test_a_zoo_policy_is_a_model_path():
+    h = Harness(PolicyController, "zoo:fetch_reach")
+    try:
+        obs, goal = np.random.default_rng(1).normal(1.0, 0.3, 10), np.array([1.3, 0.7, 0.5])
+        h.spin(0.5, publish=lambda: h.send(obs, goal))
+        assert h.node.policy.metadata.env_id == "FetchReach-v4" and h.actions
+        np.testing.assert_allclose(h.actions[-1], Policy("zoo:fetch_reach").act(obs, goal), atol=1e-6)
+    finally:
+        h.close()
+
+
 def test_point_goals_are_accepted_for_3d_goals(harness, policy_file):
     h = harness(goal_type="point")
     obs = np.random.default_rng(1).normal(1.0, 0.3, 10)
