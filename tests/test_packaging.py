@@ -17,7 +17,7 @@ from conftest import ROOT, describe
 
 # what a wheel is built from: the source tree without runs, caches, tests or benchmarks
 NOT_SOURCE = shutil.ignore_patterns(".git", "runs", "build", "dist", "*.egg-info", "__pycache__", ".hypothesis",
-                                    ".pytest_cache", "tests", "bench")
+                                    ".pytest_cache", "tests", "bench", "experiments", "docs", "site")
 ROS_WHEELS = {"ros-rclpy", "ros-std-msgs", "ros-geometry-msgs", "ros-diagnostic-msgs", "ros-lifecycle-msgs"}
 
 
@@ -66,7 +66,8 @@ def test_wheel_runs_the_packaged_recipes_outside_the_checkout(main_wheel, tmp_pa
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
     assert {"her_mpi/configs/default.yaml", "her_mpi/configs/fetch_push_td3.yaml",
-            "her_mpi_runtime/ros_node.py", "her_mpi_runtime/lifecycle_node.py"} <= names
+            "her_mpi_runtime/ros_node.py", "her_mpi_runtime/lifecycle_node.py",
+            "her_mpi_runtime/zoo/fetch_push.onnx", "her_mpi_runtime/zoo/fetch_push.json"} <= names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), sorted(names)
 
     result = run(["-m", "pip", "install", "--no-deps", "--target", site, wheel], cwd=tmp_path)
@@ -96,6 +97,20 @@ def test_ros_wheels_are_an_extra_included_in_test(main_wheel, tmp_path):
     with zipfile.ZipFile(runtime_wheel) as archive:
         license_text = archive.read(next(n for n in archive.namelist() if n.endswith("licenses/LICENSE"))).decode()
     assert license_text == (ROOT / "LICENSE").read_text() and license_text.startswith("MIT License")
+    # the trained policies ship with the robot-side kit and load from it, outside the checkout
+    with zipfile.ZipFile(runtime_wheel) as archive:
+        shipped = {n for n in archive.namelist() if n.startswith("her_mpi_runtime/zoo/")}
+    assert {f"her_mpi_runtime/zoo/{p.name}" for p in (ROOT / "export/her_mpi_runtime/zoo").glob("*.onnx")} <= shipped
+    site, elsewhere = tmp_path / "runtime_site", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = run(["-m", "pip", "install", "--no-deps", "--target", site, runtime_wheel], cwd=tmp_path)
+    assert result.returncode == 0, describe(result)
+    result = run(["-c", "import sys; from her_mpi_runtime import Policy; p = Policy('zoo:fetch_reach'); "
+                        "print(p.path); print('torch' in sys.modules)"],
+                 cwd=elsewhere, env=dict(os.environ, PYTHONPATH=str(site)))
+    assert result.returncode == 0, describe(result)
+    path, torch_loaded = result.stdout.split()
+    assert path.startswith(str(site)) and torch_loaded == "False"
 
     main = metadata_of(main_wheel)
     assert not any(name.startswith("ros-") for name in requirement_names(main, None)), requirement_names(main, None)
