@@ -5,7 +5,6 @@ import argparse
 import csv
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import yaml
 from scipy import stats
 
 from conftest import ROOT, describe, mpi_env, run_mpi
+from fake_runs import fake_run
 from her_mpi import plot
 from her_mpi.config import ConfigError, load_config
 from her_mpi.sweep import parse_seeds
@@ -221,17 +221,6 @@ def test_sweep_rejects_bad_input_before_anything_starts(tmp_path, args, message)
 
 # -- aggregation -------------------------------------------------------------------------------
 
-def fake_run(directory, seed: int, success: list[float], lr: float = 1e-3, n_ranks: int = 2):
-    directory.mkdir(parents=True)
-    config = load_config("fetch_push_td3", [f"train.seed={seed}", f"algo.lr_actor={lr}"])
-    (directory / "config.yaml").write_text(config.to_yaml())
-    with open(directory / "progress.csv", "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["epoch", "env_steps", "env_steps_per_rank", "n_ranks", "test_success_rate",
-                         "train_success_rate", "time_s", "test_episodes"])
-        for epoch, value in enumerate(success):
-            steps = 10_000 * (epoch + 1)
-            writer.writerow([epoch, steps, steps // n_ranks, n_ranks, value, 0, 30.0 * (epoch + 1), 50])
 
 
 def test_the_eta_ignores_an_epoch_stalled_by_a_pause(tmp_path):

@@ -6,7 +6,6 @@ Not part of the package's suite (pytest.ini's testpaths): the package's tests im
 experiments/.
 """
 
-import csv
 import dataclasses
 import importlib.util
 import os
@@ -20,6 +19,8 @@ import pytest
 from her_mpi.config import load_config
 from her_mpi.settings import UnusedSettingWarning
 
+from fake_runs import fake_run
+
 EXPERIMENTS = Path(__file__).resolve().parents[1]
 
 
@@ -29,19 +30,6 @@ def research_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def fake_run(directory, seed: int, success: list[float], lr: float = 1e-3, n_ranks: int = 2):
-    directory.mkdir(parents=True)
-    config = load_config("fetch_push_td3", [f"train.seed={seed}", f"algo.lr_actor={lr}"])
-    (directory / "config.yaml").write_text(config.to_yaml())
-    with open(directory / "progress.csv", "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["epoch", "env_steps", "env_steps_per_rank", "n_ranks", "test_success_rate",
-                         "train_success_rate", "time_s", "test_episodes"])
-        for epoch, value in enumerate(success):
-            steps = 10_000 * (epoch + 1)
-            writer.writerow([epoch, steps, steps // n_ranks, n_ranks, value, 0, 30.0 * (epoch + 1), 50])
 
 
 def test_collecting_a_sweep_again_keeps_finished_runs_whose_directory_is_gone(tmp_path, capsys):
