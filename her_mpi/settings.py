@@ -14,6 +14,7 @@ than the loader (:mod:`her_mpi.config`), which finds the algorithms through
 from __future__ import annotations
 
 import copy
+import math
 import dataclasses
 import warnings
 from dataclasses import dataclass, field
@@ -109,6 +110,15 @@ class TrainConfig:
                                  "cycle)")
     batch_size: int = setting(256, "transitions per gradient update, per rank (off-policy algorithms)")
     rollouts_per_rank: int = setting(2, "episodes each rank collects per cycle, in as many parallel envs")
+    # The baselines schedule runs n_batches updates per cycle whatever the rank count, so N ranks
+    # make N times fewer updates per env step than one rank (Push fails at np=1 and needs about 1M
+    # steps at np=19). Naming the rank count a recipe was tuned at keeps what it learns from constant.
+    schedule_ranks: int | None = setting(None, "off-policy algorithms: the rank count n_batches and batch_size were "
+                                               "chosen for; at N ranks each cycle then runs n_batches*N/schedule_ranks "
+                                               "updates of batch_size*schedule_ranks/N transitions per rank (rounded), "
+                                               "keeping the updates per env step and the transitions per update of all "
+                                               "ranks together (null: n_batches and batch_size as written at any rank "
+                                               "count, the baselines schedule)")
     n_test_episodes: int = setting(50, "deterministic test episodes per evaluation, all ranks together (split "
                                        "evenly, rounded up; 0: no evaluation)")
     n_test_rollouts: int | None = setting(None, "deprecated: test episodes per rank; use n_test_episodes (null: "
@@ -145,6 +155,8 @@ class TrainConfig:
             check(getattr(self, name) >= 0, f"{path}.{name}", getattr(self, name), "an integer >= 0")
         check(self.max_env_steps is None or self.max_env_steps >= 1, f"{path}.max_env_steps", self.max_env_steps,
               "an integer >= 1 or null")
+        check(self.schedule_ranks is None or self.schedule_ranks >= 1, f"{path}.schedule_ranks", self.schedule_ranks,
+              "an integer >= 1 or null")
         check(self.stop_success is None or 0.0 < self.stop_success <= 1.0, f"{path}.stop_success",
               self.stop_success, "a success rate in (0, 1] or null")
         check(self.stop_success is None or self.n_test_episodes > 0 or bool(self.n_test_rollouts),
@@ -154,6 +166,19 @@ class TrainConfig:
         if self.n_test_rollouts is not None:
             warnings.warn(f"{path}.n_test_rollouts (test episodes per rank) is deprecated; use "
                           f"{path}.n_test_episodes (all ranks together)", FutureWarning, stacklevel=2)
+
+    def update_schedule(self, n_ranks: int) -> tuple[int, int]:
+        """(updates per cycle, transitions per update per rank) at ``n_ranks`` ranks."""
+        if self.schedule_ranks is None or n_ranks == self.schedule_ranks:
+            return self.n_batches, self.batch_size
+        scale = n_ranks / self.schedule_ranks
+        batch = round(self.batch_size / scale)
+        if batch < 1:
+            raise ConfigError(f"train.schedule_ranks = {self.schedule_ranks} with train.batch_size = "
+                              f"{self.batch_size} leaves less than one transition per update on each of "
+                              f"{n_ranks} ranks; expected batch_size >= {math.ceil(scale / 2)} or a larger "
+                              f"schedule_ranks")
+        return round(self.n_batches * scale), batch
 
     def test_episodes_per_rank(self, n_ranks: int) -> int:
         """Each rank's share of the test episodes (rounded up: every rank runs as many)."""

@@ -145,6 +145,10 @@ class Trainer(HaltAgreement, ResumableState):
         self.agent.check_synced()
         self.logger = RunLogger(self.run_dir, config.log.tensorboard, after_epoch=self.start_epoch - 1) \
             if mpi.is_root() else None
+        if self.logger is not None and train.schedule_ranks not in (None, self.size):
+            print(f"her_mpi: train.schedule_ranks = {train.schedule_ranks}: at {self.size} ranks each cycle runs "
+                  f"{self.agent.n_batches} updates of {self.agent.batch_size} transitions per rank (recipe: "
+                  f"{train.n_batches} of {train.batch_size})", flush=True)
         if self.logger is not None and self.not_restored:
             print("her_mpi: resuming on a different number of ranks; not restored: "
                   + "; ".join(self.not_restored), file=sys.stderr, flush=True)

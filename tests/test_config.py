@@ -381,3 +381,21 @@ def test_a_resume_refuses_only_what_its_command_sets(tmp_path, capsys):
     assert "train.batch_size: 64 has no effect with algo.name htrpo" in capsys.readouterr().err
     assert train.main(["--resume", str(run_dir), "--set", "train.n_epochs=2"]) == 0
     assert load_checkpoint(latest)["epoch"] == 1
+
+
+@pytest.mark.parametrize("n_ranks, expected", [(2, (40, 256)), (8, (160, 64)), (1, (20, 512)), (4, (80, 128)),
+                                               (3, (60, 171))])
+def test_schedule_ranks_keeps_updates_per_env_step_and_transitions_per_update(n_ranks, expected):
+    train = load_config("fetch_push_td3", ["train.schedule_ranks=2"]).train
+    assert train.update_schedule(n_ranks) == expected
+    assert load_config("fetch_push_td3").train.update_schedule(n_ranks) == (40, 256)  # the baselines schedule
+
+
+def test_schedule_ranks_refuses_what_it_cannot_keep():
+    with pytest.raises(ConfigError, match="train.schedule_ranks: got 0, expected an integer >= 1"):
+        load_config("fetch_push_td3", ["train.schedule_ranks=0"])
+    train = load_config("fetch_push_td3", ["train.schedule_ranks=1", "train.batch_size=2"]).train
+    with pytest.raises(ConfigError, match="less than one transition per update on each of 8 ranks"):
+        train.update_schedule(8)
+    with pytest.raises(ConfigError, match="train.schedule_ranks"):  # on-policy: no updates to reschedule
+        load_config("bitflip_8_htrpo", ["train.schedule_ranks=2"])

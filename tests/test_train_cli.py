@@ -261,3 +261,17 @@ def test_every_robotics_env_trains(tmp_path, recipe):
     for name, optimizer in trained.optimizers().items():
         after, before = optimizer.flat.param, initial.optimizers()[name].flat.param
         assert torch.isfinite(after).all() and not torch.equal(after, before), name
+
+
+@pytest.mark.parametrize("n_ranks", [1, 2])
+def test_schedule_ranks_keeps_the_updates_per_env_step_at_any_rank_count(tmp_path, n_ranks):
+    # tuned at 2 ranks: 3 updates of 32 per cycle; at 1 rank half the env steps per cycle, so
+    # 2 (rounded from 1.5) updates of 64; at 2 ranks the recipe as written
+    args = ["-m", "her_mpi.train", "--run-dir", tmp_path / "run", "--set", "train.n_epochs=1",
+            "--set", "train.schedule_ranks=2", *TINY]
+    result = run_mpi(n_ranks, args) if n_ranks > 1 else run_python(args)
+    assert result.returncode == 0, describe(result)
+    updates_per_cycle = {1: 2, 2: 3}[n_ranks]
+    assert int(read_progress(tmp_path / "run")[0]["updates"]) == 2 * updates_per_cycle
+    said = "each cycle runs 2 updates of 64 transitions per rank (recipe: 3 of 32)"
+    assert (said in result.stdout) == (n_ranks == 1), result.stdout

@@ -174,6 +174,7 @@ class OffPolicyAgent(Agent):
         replay = config.replay
         reward_fn, terminal_fn = (goal_fns.reward, goal_fns.terminal) if goal_fns else (None, None)
         self.gamma = self.params.gamma if self.params.gamma is not None else 1.0 - 1.0 / spec.horizon
+        self.n_batches, self.batch_size = config.train.update_schedule(mpi.size())
         per_cycle = config.train.rollouts_per_rank * spec.horizon
         if replay.size < per_cycle:  # a cycle's episodes must fit, or the first store() fails mid-run
             raise ConfigError(f"replay.size = {replay.size} transitions cannot hold one cycle's "
@@ -202,7 +203,7 @@ class OffPolicyAgent(Agent):
         self.buffer.store(episodes)
         self.update_normalizers(episodes)
         collected, sampling, updating = [], 0.0, 0.0
-        for _ in range(train.n_batches):
+        for _ in range(self.n_batches):
             tick = time.perf_counter()
             batch = self.sample_batch()
             tensors = self.batch_tensors(batch)
@@ -247,8 +248,8 @@ class OffPolicyAgent(Agent):
     def sample_batch(self) -> dict[str, np.ndarray]:
         """One training batch from this rank's replay, relabelled as the recipe says (n-step
         returns and prioritized weights included)."""
-        train, replay = self.config.train, self.config.replay
-        return self.buffer.sample(train.batch_size, replay.strategy, replay.replay_k, self.rng, beta=self.beta(),
+        replay = self.config.replay
+        return self.buffer.sample(self.batch_size, replay.strategy, replay.replay_k, self.rng, beta=self.beta(),
                                   actual_k=replay.actual_k, n_step=self.params.n_step, gamma=self.gamma)
 
     @staticmethod
@@ -310,7 +311,7 @@ class OffPolicyAgent(Agent):
     def beta(self) -> float:
         """Importance-weight exponent, annealed linearly from replay.beta to 1."""
         replay, train = self.config.replay, self.config.train
-        horizon = replay.beta_anneal_updates or max(1, train.n_epochs * train.n_cycles * train.n_batches)
+        horizon = replay.beta_anneal_updates or max(1, train.n_epochs * train.n_cycles * self.n_batches)
         return min(1.0, replay.beta + (1.0 - replay.beta) * self.n_updates / horizon)
 
     def buffer_state(self) -> dict:

@@ -68,6 +68,7 @@ class OnPolicyParams:
                 "checkpoint.save_buffer": Unused(no_replay + " to save"),
                 "train.n_batches": Unused(self.SCHEDULE),
                 "train.batch_size": Unused(self.BATCH),
+                "train.schedule_ranks": Unused(self.SCHEDULE),
                 "train.random_steps": Unused("its update needs the probabilities of the policy that collected the "
                                              "episodes; uniformly random actions have none"),
                 "train.sync_check_every": Unused("it counts off-policy gradient updates; on-policy ranks are checked "
