@@ -615,3 +615,31 @@ def test_entropy_gradient_vanishes_at_the_uniform_policy(monkeypatch):
     measures, _, _ = measured_htrpo_step(monkeypatch, uniform_policy=True)
     assert measures["euclid_norm_entropy"] < 1e-4 * measures["euclid_norm_surrogate"]
     assert measures["fisher_norm_entropy"] < 1e-4 * measures["fisher_norm_surrogate"]
+
+
+@pytest.mark.parametrize("algo, env_id, discrete", [("htrpo", "PredatorPrey-v0", False), ("ppo", "BitFlipping-v0", True)])
+def test_orthogonal_init_starts_the_policy_near_zero(algo, env_id, discrete):
+    from her_mpi.config import load_config
+    from her_mpi.envs import EnvSpec
+    from her_mpi.trainer import build_agent
+
+    spec = EnvSpec(env_id, 8, 8, discrete, 1 if discrete else 2, 8 if discrete else 0,
+                   None if discrete else (-1.0,) * 2, None if discrete else (1.0,) * 2, 20, 0.0)
+    outputs = {}
+    for init in ("xavier", "orthogonal"):
+        agent = build_agent(load_config(None, [f"algo={algo}", f"env.id={env_id}", "algo.hidden=[64, 64]",
+                                               f"algo.init={init}"]), spec)
+        for network in (agent.policy_net, agent.value_net):
+            linears = [m for m in network.modules() if isinstance(m, torch.nn.Linear)]
+            if init == "orthogonal":
+                for k, layer in enumerate(linears):
+                    gain = 0.1 if k == len(linears) - 1 else math.sqrt(2)
+                    w = layer.weight.detach() / gain
+                    small = min(w.shape)
+                    gram = w @ w.T if w.shape[0] == small else w.T @ w
+                    assert torch.allclose(gram, torch.eye(small), atol=1e-5)
+                    assert not layer.bias.any()
+        x = torch.randn(512, agent.inputs.out_dim, generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            outputs[init] = agent.policy_net(x).abs().mean()  # means, or logits
+    assert outputs["orthogonal"] < 0.3 * outputs["xavier"]

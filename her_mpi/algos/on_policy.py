@@ -20,8 +20,10 @@ its step starts from (see HindsightAgent.learn).
 
 from __future__ import annotations
 
+import math
 from abc import abstractmethod
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -48,6 +50,10 @@ class OnPolicyParams:
     hindsight: bool = setting(True, "learn from hindsight goals too (false: the plain algorithm, TRPO or PPO)")
     lr_critic: float = setting(5e-4, "Adam learning rate of the value network")
     log_std_init: float = setting(0.0, "Gaussian policies: initial log standard deviation")
+    init: Literal["xavier", "orthogonal"] = setting(
+        "xavier", "initial weights of the fully connected layers (biases 0): xavier (uniform, gain 1) or orthogonal "
+                  "(gain sqrt(2), the output layers 0.1, so initial means and logits are near 0: the HTRPO authors' "
+                  "networks)")
 
     def validate(self, path: str) -> None:
         check(len(self.hidden) >= 1 and all(h >= 1 for h in self.hidden), f"{path}.hidden", self.hidden,
@@ -132,6 +138,15 @@ def gae(data: Relabelled, rewards, values, next_values, gamma: float, lam: float
     return carry[copy, t].astype(np.float32)
 
 
+def orthogonal_init(network: torch.nn.Module, output_gain: float) -> None:
+    """Orthogonal weights with gain sqrt(2) in every fully connected layer but the last, which gets
+    ``output_gain``; biases 0. Convolutions keep their initialisation."""
+    linears = [module for module in network.modules() if isinstance(module, torch.nn.Linear)]
+    for k, layer in enumerate(linears):
+        torch.nn.init.orthogonal_(layer.weight, math.sqrt(2.0) if k < len(linears) - 1 else output_gain)
+        torch.nn.init.zeros_(layer.bias)
+
+
 def global_sum(*values) -> np.ndarray:
     return mpi.allreduce_sum_(np.asarray(values, dtype=np.float64))
 
@@ -152,6 +167,9 @@ class OnPolicyAgent(Agent):
             self.policy_net = GaussianPolicy(mean, spec.action_dim, log_std_init=p.log_std_init)
             self.head = ActionScaler(spec.action_low, spec.action_high)
         self.value_net = network_body(spec, self.inputs.out_dim, p.hidden, 1, p.activation)
+        if p.init == "orthogonal":
+            for network in (self.policy_net, self.value_net):
+                orthogonal_init(network, output_gain=0.1)
         self.value_optimizer = SyncedAdam(self.value_net, p.lr_critic)
         self.nets.update({"policy": self.policy_net, "value": self.value_net})
         self.n_iterations = 0
