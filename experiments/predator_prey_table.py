@@ -1,5 +1,6 @@
-"""Seed 003's predator-prey table: PPO-HER against PPO (and SAC, SAC+HER where run) on the 12
-conditions (interception distance x arena size x dimensions), at equal env steps.
+"""The predator-prey table of *Hindsight Experience Replay Accelerates Proximal Policy Optimization*:
+PPO-HER against PPO (and SAC, SAC+HER where run) on the 12 conditions (interception distance x
+arena size x dimensions), at equal env steps.
 
     experiments/tables.sh predator_prey            # the PPO rows (experiments/tables.sh predator_prey_sac: SAC rows)
     python experiments/predator_prey_table.py runs/sweeps/predator_prey

@@ -1,24 +1,25 @@
 #!/usr/bin/env bash
-# The long result tables of issues 11-13 as resumable sweeps (python -m her_mpi.sweep), one training at
-# a time at np=2. Run a table again with the same command after any interruption: finished runs are
-# skipped, interrupted ones resume from their last checkpoint. Then keep the results in the repository:
+# The long result tables (FetchPush, the other robotics tasks, the source papers' rows) as resumable
+# sweeps (python -m her_mpi.sweep), one training at a time at np=2. Run a table again with the same
+# command after any interruption: finished runs are skipped, interrupted ones resume from their last
+# checkpoint. Then keep the results in the repository:
 #     python experiments/collect_sweep.py runs/sweeps/<table> --name <table>
 #
 #     experiments/tables.sh push            # FetchPush 300k: TD3, SAC, TD3/DDPG+KFAC, DDPG, then td3_fast (3 seeds)
-#     experiments/tables.sh push_ablation   # td3_fast's levers one at a time, 5 seeds (issue 12)
-#     experiments/tables.sh push_levers     # TD3 + energy prioritization, 2x updates, batch 512 (issue 12)
-#     experiments/tables.sh push_mrl        # TD3 with mrl's best Fetch settings the package has (issues 11, 12)
+#     experiments/tables.sh push_ablation   # td3_fast's levers one at a time, 5 seeds
+#     experiments/tables.sh push_levers     # TD3 + energy prioritization, 2x updates, batch 512
+#     experiments/tables.sh push_mrl        # TD3 with mrl's best Fetch settings the package has
 #     experiments/tables.sh push_mrl_full   # ... plus LayerNorm networks and 10k random warm-up steps
 #     experiments/tables.sh push_td3_diag   # why TD3 fails Push where DDPG learns: TD3 with one of its changes to DDPG undone
 #     VARIANTS=delay1 experiments/tables.sh push_td3_diag  # ... only some of the four
 #     EPOCHS=60 SEEDS="2 0 1" VARIANTS=delay1 experiments/tables.sh push_td3_diag  # ... trained on to 600k
 #     experiments/tables.sh push_sac_diag   # SAC's Push fix: SAC without its 30% random actions
 #     experiments/tables.sh other_tasks     # PickAndPlace 600k, Slide 600k (RECIPE=td3), HandReach 500k (HAND_RECIPE=ddpg), 2 seeds
-#     experiments/tables.sh htrpo_discrete  # HTRPO FetchReach/PushDiscrete (issue 13)
-#     EPOCHS=70 experiments/tables.sh htrpo_push_discrete  # HTRPO FetchPushDiscrete only (issue 13)
-#     experiments/tables.sh htrpo_reach_discrete  # HTRPO FetchReachDiscrete, the paper's recipe, 3 seeds (issue 13)
-#     experiments/tables.sh htrpo_push      # HTRPO continuous FetchPush, 2M steps (issue 13)
-#     experiments/tables.sh ms_pacman       # HTRPO and DQN+HER on MsPacmanGoal, 2M steps (issue 13)
+#     experiments/tables.sh htrpo_discrete  # HTRPO FetchReach/PushDiscrete
+#     EPOCHS=70 experiments/tables.sh htrpo_push_discrete  # HTRPO FetchPushDiscrete only
+#     experiments/tables.sh htrpo_reach_discrete  # HTRPO FetchReachDiscrete, the paper's recipe, 3 seeds
+#     experiments/tables.sh htrpo_push      # HTRPO continuous FetchPush, 2M steps
+#     experiments/tables.sh ms_pacman       # HTRPO and DQN+HER on MsPacmanGoal, 2M steps
 #     experiments/tables.sh ms_pacman_htrpo_levers  # ... HTRPO levers screened on seed 0 to 500k (LEVERS=..., MAX_STEPS=...)
 #     MAX_STEPS=2000000 LEVERS=authors_bonus10 SEEDS="0 1 2" experiments/tables.sh ms_pacman_htrpo_levers  # ... the authors_bonus10
 #         runs trained on to 2M: the runs of ms_pacman_goal_htrpo_authors (its settings, the same in effect)
@@ -29,13 +30,13 @@
 #     experiments/tables.sh hpg_push        # HPG on continuous FetchPush as the authors' published config trains it, seed 0 to 512k
 #     experiments/tables.sh htrpo_ablations # HTRPO without QKL / goal filtering / weighted IS / sparse reward / hindsight, 8 bits
 #     DRY_RUN=1 experiments/tables.sh <table>  # print the her_mpi.sweep commands a table would run, run none
-#     experiments/tables.sh htrpo_bits      # HTRPO on 16 and 32 bits from all-zero bits, seeds 0-2 (issue 13)
-#     experiments/tables.sh htrpo_bits32    # HTRPO 32 bits with 100 filtered hindsight goals, seeds 1-3 (issue 13)
-#     EPOCHS=20 experiments/tables.sh htrpo_push  # the long issue-13 tables capped at 20 epochs per run (resume later uncapped)
+#     experiments/tables.sh htrpo_bits      # HTRPO on 16 and 32 bits from all-zero bits, seeds 0-2
+#     experiments/tables.sh htrpo_bits32    # HTRPO 32 bits with 100 filtered hindsight goals, seeds 1-3
+#     EPOCHS=20 experiments/tables.sh htrpo_push  # the long tables capped at 20 epochs per run (resume later uncapped)
 #     experiments/tables.sh htrpo_reach_fast  # HTRPO FetchReachDiscrete, the minutes recipe, 5 seeds it was not tuned on
 #     experiments/tables.sh htrpo_reach_entropy  # FetchReachDiscrete paper recipe with/without the authors' entropy bonus, held-out seeds
-#     experiments/tables.sh bitflip_dqn     # Double DQN + HER on 30, 40 and 50 bits, the recipes' budgets (issue 13)
-#     experiments/tables.sh predator_prey   # PPO-HER vs PPO on the 12 predator-prey conditions, 2 seeds (issue 13)
+#     experiments/tables.sh bitflip_dqn     # Double DQN + HER on 30, 40 and 50 bits, the recipes' budgets
+#     experiments/tables.sh predator_prey   # PPO-HER vs PPO on the 12 predator-prey conditions, 2 seeds
 #     experiments/tables.sh predator_prey_sac  # SAC+HER vs SAC on the same conditions (~16-22 min per run at np=2, quiet)
 #     experiments/tables.sh predator_prey_shift  # PPO-HER with hindsight copies that keep the prey's motion: screen (seeds 0-1), then its recipe on seeds 2-3
 #     experiments/tables.sh predator_prey_shift_clip  # ... with those goals clipped to the arena: screen, seeds 0-1
@@ -54,7 +55,7 @@ TREE="${SWEEP_TREE:-$ROOT}"
 OUT="${SWEEP_OUT:-$ROOT/runs/sweeps}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
-# EPOCHS=N caps the long issue-13 tables at N epochs per run ("the longest that fits"); running the
+# EPOCHS=N caps the long tables at N epochs per run ("the longest that fits"); running the
 # table again with a larger EPOCHS (or none: the recipe's budget) resumes those runs and trains on.
 cap=(); if [ -n "${EPOCHS:-}" ]; then cap=(--set "train.n_epochs=$EPOCHS"); fi
 
@@ -76,7 +77,7 @@ condition_sweeps() {  # condition_sweeps TABLE ARGS...: the 12 predator-prey con
     done
 }
 
-# The issue-12 screening tables (push_ablation, push_levers, push_mrl*) and push_td3_diag ran TD3 with its
+# The FetchPush screening tables (push_ablation, push_levers, push_mrl*) and push_td3_diag ran TD3 with its
 # default policy delay 2, before fetch_push_td3 moved to an actor step on every update (delay 1)
 TD3_DELAY2=(--set algo.policy_delay=2)
 
@@ -87,20 +88,20 @@ MRL_SETTINGS=(--set algo.policy_delay=2 --set train.n_epochs=30 --set train.batc
               --set replay.actual_k=2 --set algo.random_eps=0.2 --set algo.noise_eps=0.1 --set algo.action_l2=0.01)
 
 case "${1:-}" in
-push)  # issue 11's FetchPush rows at 300k env steps (30 epochs of 10k at np=2); its five recipes seed by
+push)  # the FetchPush rows at 300k env steps (30 epochs of 10k at np=2); its five recipes seed by
     # seed, so a table stopped early compares them all; the td3_fast lever recipe after them
     for seed in 0 1 2; do
         sweep push --config fetch_push_td3 --config fetch_push_sac --config fetch_push_td3_kfac \
             --config fetch_push_ddpg_kfac --config fetch_push_ddpg --seeds "$seed" --set train.n_epochs=30
     done
     sweep push --config fetch_push_td3_fast --seeds 0-2 --set train.n_epochs=30 ;;
-push_ablation)  # issue 12: each of td3_fast's levers alone on TD3 (td3 and td3_fast themselves: push)
+push_ablation)  # each of td3_fast's levers alone on TD3 (td3 and td3_fast themselves: push)
     for seed in 0 1 2 3 4; do
         sweep push_ablation/nstep3 --config fetch_push_td3 "${TD3_DELAY2[@]}" --seeds "$seed" --set train.n_epochs=30 --set algo.n_step=3
         sweep push_ablation/futureactual22 --config fetch_push_td3 "${TD3_DELAY2[@]}" --seeds "$seed" --set train.n_epochs=30 \
             --set replay.replay_k=2 --set replay.actual_k=2
     done ;;
-push_levers)  # issue 12: energy-based episode prioritization; twice the samples replayed per env step, as
+push_levers)  # energy-based episode prioritization; twice the samples replayed per env step, as
     # twice the updates (n_batches 80: 0.4 updates per env step at np=2, baselines' rate at np=1) or as batch 512
     for seed in 0 1 2; do
         sweep push_levers/updates80 --config fetch_push_td3 "${TD3_DELAY2[@]}" --seeds "$seed" --set train.n_epochs=30 \
@@ -110,7 +111,7 @@ push_levers)  # issue 12: energy-based episode prioritization; twice the samples
         sweep push_levers/batch512 --config fetch_push_td3 "${TD3_DELAY2[@]}" --seeds "$seed" --set train.n_epochs=30 \
             --set train.batch_size=512
     done ;;
-push_mrl)  # issues 11/12: TD3 with the settings of mrl's best Fetch config that the package has
+push_mrl)  # TD3 with the settings of mrl's best Fetch config that the package has
     for seed in 0 1 2; do
         sweep push_levers/mrl_like --config fetch_push_td3 --seeds "$seed" "${MRL_SETTINGS[@]}"
     done ;;
@@ -119,7 +120,7 @@ push_mrl_full)  # push_mrl plus mrl's LayerNorm networks and 10k steps of random
         sweep push_levers/mrl_full --config fetch_push_td3 --seeds "$seed" "${MRL_SETTINGS[@]}" \
             --set algo.layer_norm=true --set train.random_steps=10000
     done ;;
-push_td3_diag)  # issue 11: TD3 = DDPG + twin critics + actor every 2nd update + target smoothing + targets moved
+push_td3_diag)  # TD3 = DDPG + twin critics + actor every 2nd update + target smoothing + targets moved
     # every 2 updates at polyak 0.99 (DDPG: once per 40-update cycle at 0.95, 4x slower). Undo one at a time; seed
     # 1 first, where DDPG reaches 0.80 at 300k and TD3 0.08. VARIANTS="delay1 ..." runs only those;
     # SEEDS="2 0" picks seeds; EPOCHS=60 trains those runs on to 600k (they resume from their checkpoints)
@@ -134,12 +135,12 @@ push_td3_diag)  # issue 11: TD3 = DDPG + twin critics + actor every 2nd update +
             sweep "push_td3_diag/$variant" --config fetch_push_td3 --seeds "$seed" --set "train.n_epochs=${EPOCHS:-30}" "${sets[@]}"
         done
     done ;;
-push_sac_diag)  # issue 11: which of SAC's two Push fixes matters; the entropy bonus after the target clip
-    # (6ecee16) is code, the 30% random actions (1df86e6) a setting: SAC without them, seeds 0 and 2 (0.98, 0.86)
+push_sac_diag)  # which of SAC's two Push fixes matters; the entropy bonus after the target clip
+    # is code, the 30% random actions a setting: SAC without them, seeds 0 and 2 (0.98, 0.86)
     for seed in 0 2; do
         sweep push_sac_diag/no_random --config fetch_push_sac --seeds "$seed" --set train.n_epochs=30 --set algo.random_eps=0
     done ;;
-other_tasks)  # issue 11: the best Push recipe on the other robotics tasks, 2 seeds. HandReach gets its own:
+other_tasks)  # the best Push recipe on the other robotics tasks, 2 seeds. HandReach gets its own:
     # TD3 stayed at 0.00 there over 500k where the baselines DDPG recipe learns (experiments/results/hand_reach_ddpg.md)
     recipe="${RECIPE:-td3}" hand_recipe="${HAND_RECIPE:-ddpg}"
     for seed in 0 1; do
@@ -147,35 +148,35 @@ other_tasks)  # issue 11: the best Push recipe on the other robotics tasks, 2 se
         sweep other_tasks --config "fetch_slide_$recipe" --seeds "$seed" --set train.n_epochs=60
         sweep other_tasks --config "hand_reach_$hand_recipe" --seeds "$seed" --set train.n_epochs=50
     done ;;
-htrpo_discrete)  # issue 13: HTRPO on the discrete Fetch tasks (the recipes' own budgets)
+htrpo_discrete)  # HTRPO on the discrete Fetch tasks (the recipes' own budgets)
     for seed in 0 1 2; do
         sweep htrpo_discrete --config fetch_reach_discrete_htrpo --seeds "$seed" "${cap[@]}"
         sweep htrpo_push_discrete --config fetch_push_discrete_htrpo --seeds "$seed" "${cap[@]}"
     done ;;
-htrpo_reach_discrete)  # issue 13: HTRPO FetchReachDiscrete alone, the paper's recipe (critic-free, as the authors' config)
+htrpo_reach_discrete)  # HTRPO FetchReachDiscrete alone, the paper's recipe (critic-free, as the authors' config)
     for seed in 0 1 2; do
         sweep htrpo_reach_discrete --config fetch_reach_discrete_htrpo --seeds "$seed" "${cap[@]}"
     done ;;
-htrpo_reach_entropy)  # issue 13: the authors' commented-out entropy bonus (0.003, uniform) on FetchReachDiscrete, 40 epochs:
+htrpo_reach_entropy)  # the authors' commented-out entropy bonus (0.003, uniform) on FetchReachDiscrete, 40 epochs:
     # entropy seed 1, then both settings on seeds 3-5 (seeds 0 and 2 of both ran before: experiments/results/htrpo_reach_discrete*)
     for seed in ${SEEDS:-1 3 4 5}; do
         [ "$seed" = 1 ] || sweep htrpo_reach_discrete --config fetch_reach_discrete_htrpo --seeds "$seed" --set train.n_epochs=40
         sweep htrpo_reach_discrete_entropy --config fetch_reach_discrete_htrpo --seeds "$seed" \
             --set algo.entropy_coef=0.003 --set algo.entropy_weighting=uniform --set train.n_epochs=40
     done ;;
-htrpo_push_discrete)  # issue 13: HTRPO FetchPushDiscrete alone (2M steps: longer than a session here, see experiments/park_runs.py)
+htrpo_push_discrete)  # HTRPO FetchPushDiscrete alone (2M steps: longer than a session here, see experiments/park_runs.py)
     for seed in 0 1 2; do
         sweep htrpo_push_discrete --config fetch_push_discrete_htrpo --seeds "$seed" "${cap[@]}"
     done ;;
-htrpo_push)  # issue 13: HTRPO on continuous FetchPush (2M steps: ~hours per seed here; stop and resume at will)
+htrpo_push)  # HTRPO on continuous FetchPush (2M steps: ~hours per seed here; stop and resume at will)
     for seed in 0 1 2; do
         sweep htrpo_push --config fetch_push_htrpo --seeds "$seed" "${cap[@]}"
     done ;;
-ms_pacman)  # issue 13: HTRPO and DQN+HER on MsPacmanGoal-v0, the recipes' 2M-step budgets
+ms_pacman)  # HTRPO and DQN+HER on MsPacmanGoal-v0, the recipes' 2M-step budgets
     for seed in 0 1 2; do
         sweep ms_pacman --config ms_pacman_goal_htrpo --config ms_pacman_goal_dqn --seeds "$seed" "${cap[@]}"
     done ;;
-ms_pacman_htrpo_levers)  # issue 13: levers on ms_pacman_goal_htrpo (0.506 / 0.302 exact on seeds 0 / 1, paper 64%),
+ms_pacman_htrpo_levers)  # levers on ms_pacman_goal_htrpo (0.506 / 0.302 exact on seeds 0 / 1, paper 64%),
     # screened on seed 0 to 500k steps (the recipe there: 0.30): twice the episodes per iteration (a less noisy
     # natural gradient), twice the trust region, twice the hindsight goals. Then the authors' code where it differs:
     # the raw goal cell (they normalise no input of this env) and tanh layers (authors_inputs); weighted IS over the
@@ -198,7 +199,7 @@ ms_pacman_htrpo_levers)  # issue 13: levers on ms_pacman_goal_htrpo (0.506 / 0.3
         sweep "ms_pacman_htrpo_levers/$name" --config ms_pacman_goal_htrpo --seeds "$seed" "${sets[@]}" \
             --set "train.max_env_steps=${MAX_STEPS:-500000}"
     done; done ;;
-hpg_screen)  # issue 13: HPG (plain gradient step on HTRPO's hindsight objective) on 8 bits, seed 0, 30 epochs of
+hpg_screen)  # HPG (plain gradient step on HTRPO's hindsight objective) on 8 bits, seed 0, 30 epochs of
     # ~2.5k steps: Adam step size x episodes per iteration (one step per iteration, so smaller batches take more);
     # the 8-episode runs were then trained on to 60 epochs (PER_RANK=4 EPOCHS=60)
     for lr in ${LRS-1e-3 3e-3}; do for per_rank in ${PER_RANK:-4 8}; do  # LRS= (empty) skips to the entropy runs
@@ -211,21 +212,21 @@ hpg_screen)  # issue 13: HPG (plain gradient step on HTRPO's hindsight objective
         sweep "hpg_screen/entropy$coef" --config bitflip_8_hpg --seeds 0 --set "algo.entropy_coef=$coef" \
             --set algo.entropy_weighting=uniform --set "train.n_epochs=${EPOCHS:-30}"
     done ;;
-htrpo_vs_hpg)  # issue 13: the HTRPO paper's baseline comparison on 8 bits (read at equal env steps: --at), seeds 1-3 (both
+htrpo_vs_hpg)  # the HTRPO paper's baseline comparison on 8 bits (read at equal env steps: --at), seeds 1-3 (both
     # recipes were set on seed 0); HPG without its entropy bonus, and HTRPO with HPG's bonus
     sweep htrpo_vs_hpg --config bitflip_8_htrpo --config bitflip_8_hpg --seeds "${SEEDS:-1-3}" --set train.n_epochs=30
     sweep hpg_no_bonus --config bitflip_8_hpg --seeds "${SEEDS:-1-3}" --set algo.entropy_coef=0 \
         --set algo.entropy_weighting=surrogate --set train.n_epochs=30
     sweep htrpo_bonus --config bitflip_8_htrpo --seeds "${SEEDS:-1-3}" --set algo.entropy_coef=0.03 \
         --set algo.entropy_weighting=uniform --set train.n_epochs=30 ;;
-htrpo_reach)  # issue 13: HTRPO on continuous FetchReach (the paper's Table 1: 100%), fetch_reach_htrpo at its 15 epochs,
+htrpo_reach)  # HTRPO on continuous FetchReach (the paper's Table 1: 100%), fetch_reach_htrpo at its 15 epochs,
     # seeds 1-3 (tuned on seed 0), as it was before it took algo.hold_goal (the runs were made without the --set)
     sweep htrpo_reach --config fetch_reach_htrpo --seeds "${SEEDS:-1-3}" --set algo.hold_goal=false ;;
-htrpo_reach_hold)  # issue 13: ... with copies that run past their first success (algo.hold_goal, now in the recipe): without
+htrpo_reach_hold)  # ... with copies that run past their first success (algo.hold_goal, now in the recipe): without
     # it the policy reaches every goal and drifts off before the last step, which FetchReach judges. Screened on seed 0
     # (SEEDS=0), then seeds 1-3
     sweep htrpo_reach_hold --config fetch_reach_htrpo --seeds "${SEEDS:-1-3}" --set algo.hold_goal=true "${cap[@]}" ;;
-htrpo_push_hold_ft)  # issue 13: the parked fetch_push_htrpo seed-0 run (752k steps, test <= 0.05 since 160k, yet its policy
+htrpo_push_hold_ft)  # the parked fetch_push_htrpo seed-0 run (752k steps, test <= 0.05 since 160k, yet its policy
     # reaches the goal with the object in ~half of its episodes and pushes on past it) trained on with algo.hold_goal to
     # EPOCHS (default 56: +144k steps). A diagnostic of hold_goal on Push, not a recipe's curve
     run="$OUT/htrpo_push_hold_ft/fetch_push_htrpo/seed0"
@@ -235,30 +236,30 @@ htrpo_push_hold_ft)  # issue 13: the parked fetch_push_htrpo seed-0 run (752k st
     fi
     (cd "$TREE" && PYTHONPATH="$TREE:$TREE/export" mpirun -np 2 python -m her_mpi.train --resume "$run" \
         --set algo.hold_goal=true --set "train.n_epochs=${EPOCHS:-56}") ;;
-hpg_push)  # issue 13: the HTRPO authors' published FetchPush config sets using_hpg, so their code trains HPG there
+hpg_push)  # the HTRPO authors' published FetchPush config sets using_hpg, so their code trains HPG there
     # (fetch_push_hpg); fetch_push_htrpo (the trust-region reading) is still at the untrained level at 900k. Screen:
     # seed 0 (SEEDS=...) to EPOCHS (default 32 epochs = 512k steps), beside fetch_push_htrpo's curve
     sweep hpg_push --config fetch_push_hpg --seeds "${SEEDS:-0}" --set "train.n_epochs=${EPOCHS:-32}" ;;
-htrpo_ablations)  # issue 13: the HTRPO paper's ablations (its Figure 5) on bitflip_8_htrpo, one switch each, seeds 1-3,
+htrpo_ablations)  # the HTRPO paper's ablations (its Figure 5) on bitflip_8_htrpo, one switch each, seeds 1-3,
     # 30 epochs; the recipe itself is htrpo_vs_hpg's row
     declare -A switch=([kl_analytic]="algo.kl=analytic" [kl_logratio]="algo.kl=logratio" [no_goal_filtering]="algo.goal_filtering=false"
                        [no_weighted_is]="algo.weighted_is=false" [dense_reward]="algo.reward=dense" [no_hindsight]="algo.hindsight=false")
     for seed in ${SEEDS:-1 2 3}; do for name in kl_analytic kl_logratio no_goal_filtering no_weighted_is dense_reward no_hindsight; do
         sweep "htrpo_ablations/$name" --config bitflip_8_htrpo --seeds "$seed" --set "${switch[$name]}" --set train.n_epochs=30
     done; done ;;
-htrpo_bits)  # issue 13: HTRPO on 16 and 32 bits (bitflip_{16,32}_htrpo), 3 seeds; htrpo_bits32 below is the 32-bit table
+htrpo_bits)  # HTRPO on 16 and 32 bits (bitflip_{16,32}_htrpo), 3 seeds; htrpo_bits32 below is the 32-bit table
     for seed in 0 1 2; do
         sweep htrpo_bits --config bitflip_16_htrpo --config bitflip_32_htrpo --seeds "$seed" "${cap[@]}"
     done ;;
-htrpo_bits32)  # issue 13: bitflip_32_htrpo (100 filtered hindsight goals) on seeds 1-3 (screened on seed 0)
+htrpo_bits32)  # bitflip_32_htrpo (100 filtered hindsight goals) on seeds 1-3 (screened on seed 0)
     sweep htrpo_bits32 --config bitflip_32_htrpo --seeds 1-3 "${cap[@]}" ;;
-htrpo_reach_fast)  # issue 13: fetch_reach_discrete_htrpo_fast on seeds 10-14 (tuned on seeds 0-4)
+htrpo_reach_fast)  # fetch_reach_discrete_htrpo_fast on seeds 10-14 (tuned on seeds 0-4)
     sweep htrpo_reach_fast --config fetch_reach_discrete_htrpo_fast --seeds 10-14 ;;
-bitflip_dqn)  # issue 13: the HER paper's bit-flipping rows, 3 seeds
+bitflip_dqn)  # the HER paper's bit-flipping rows, 3 seeds
     for seed in 0 1 2; do
         sweep bitflip_dqn --config bitflip_30_dqn --config bitflip_40_dqn --config bitflip_50_dqn --seeds "$seed"
     done ;;
-predator_prey|predator_prey_sac)  # issue 13: seed 003's 12 conditions, interception distance x arena
+predator_prey|predator_prey_sac)  # the PPO-HER paper's 12 conditions, interception distance x arena
     # size x dimensions, equal env steps (the recipes' 256k budget); one sweep directory per condition
     if [ "$1" = predator_prey ]; then names=(predator_prey_ppo_her predator_prey_ppo)
     else names=(predator_prey_sac_her predator_prey_sac); fi
