@@ -45,6 +45,9 @@
 #     RECIPES=predator_prey_sac_her SEEDS=0 experiments/tables.sh predator_prey_sac  # ... one recipe, one seed
 #     SEEDS="3" experiments/tables.sh push_updates   # DDPG+KFAC on Push at 400k: the baselines schedule vs twice the updates
 #     experiments/tables.sh robotics_updates  # DDPG+KFAC with twice the updates on PickAndPlace, Slide (600k), HandReach (500k)
+#     experiments/tables.sh push_ranks      # the Push recipe (n_batches 80) at np 1, 2, 4, 8, 3 seeds each, 400k: how -np changes learning
+#     experiments/tables.sh push_ranks_scheduled  # ... at np 8 with train.schedule_ranks=2 (the 2-rank updates per env step), 3 seeds
+#     experiments/tables.sh htrpo_push_levers  # HTRPO continuous Push, seed 0 to 320k: one change each towards the authors' code
 #
 # Seeds go in the outer loop, so every recipe has its first seed before any has its third: a table
 # stopped early still compares all its rows. Set SWEEP_TREE to run from a frozen copy of the code
@@ -61,8 +64,8 @@ cap=(); if [ -n "${EPOCHS:-}" ]; then cap=(--set "train.n_epochs=$EPOCHS"); fi
 
 sweep() {  # sweep TABLE ARGS...: one her_mpi.sweep into OUT/TABLE
     local table=$1; shift
-    if [ -n "${DRY_RUN:-}" ]; then printf '%q ' python -m her_mpi.sweep --np 2 --out "$OUT/$table" "$@"; echo; return; fi
-    (cd "$TREE" && PYTHONPATH="$TREE:$TREE/export" python -m her_mpi.sweep --np 2 --out "$OUT/$table" "$@")
+    if [ -n "${DRY_RUN:-}" ]; then printf '%q ' python -m her_mpi.sweep --np "${NP:-2}" --out "$OUT/$table" "$@"; echo; return; fi
+    (cd "$TREE" && PYTHONPATH="$TREE:$TREE/export" python -m her_mpi.sweep --np "${NP:-2}" --out "$OUT/$table" "$@")
 }
 
 condition_sweeps() {  # condition_sweeps TABLE ARGS...: the 12 predator-prey conditions (or CONDITIONS), SEEDS
@@ -294,7 +297,27 @@ robotics_updates)  # DDPG+KFAC with n_batches 80 on the other robotics tasks
         sweep robotics_nb80 --config hand_reach_ddpg_kfac --seeds "$seed" --set train.n_batches=80 \
             --set train.max_env_steps=500000 --set train.n_epochs=50
     done ;;
+push_ranks)  # the Push recipe with twice the updates at 1, 2, 4 and 8 ranks, the same env-step budget and ~10k
+    # steps per epoch (n_cycles 100/np; ranks beyond the cores are slower, not different); seeds outermost
+    for seed in ${SEEDS:-0 1 2}; do
+        for np in ${RANKS:-1 2 4 8}; do
+            NP=$np sweep "push_ranks/np$np" --config fetch_push_ddpg_kfac --seeds "$seed" --set train.n_batches=80 \
+                --set train.n_cycles=$((100 / np)) --set train.max_env_steps=400000 --set train.n_epochs=400
+        done
+    done ;;
+push_ranks_scheduled)  # ... at 8 ranks keeping the 2-rank schedule: 320 updates of 64 per cycle instead of 80 of 256
+    for seed in ${SEEDS:-0 1 2}; do
+        NP=8 sweep push_ranks/np8_schedule2 --config fetch_push_ddpg_kfac --seeds "$seed" --set train.n_batches=80 \
+            --set train.schedule_ranks=2 --set train.n_cycles=12 --set train.max_env_steps=400000 --set train.n_epochs=400
+    done ;;
+htrpo_push_levers)  # HTRPO continuous FetchPush, seed 0 to 320k (20 epochs), one difference from the authors' code
+    # each; the recipe's own first 320k is htrpo_push's seed 0. Early signals: copies_reached, ess, object contact
+    for lever in "algo.init=orthogonal" "algo.hvp_subsample=1.0" "algo.is_normaliser=running" "algo.goal_decimals=2" \
+                 "algo.hold_goal=true"; do
+        sweep "htrpo_push_levers/${lever//[.=]/_}" --config fetch_push_htrpo --seeds "${SEEDS:-0}" --set "$lever" \
+            --set train.n_epochs=20
+    done ;;
 *)
-    echo "usage: experiments/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|push_td3_diag|push_sac_diag|other_tasks|htrpo_discrete|htrpo_reach_discrete|htrpo_reach_entropy|htrpo_push_discrete|htrpo_push|ms_pacman|ms_pacman_htrpo_levers|hpg_screen|htrpo_vs_hpg|htrpo_ablations|htrpo_reach|htrpo_reach_fast|htrpo_bits|htrpo_bits32|bitflip_dqn|predator_prey|predator_prey_sac|predator_prey_shift|predator_prey_shift_clip|predator_prey_static|push_updates|robotics_updates" >&2
+    echo "usage: experiments/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|push_td3_diag|push_sac_diag|other_tasks|htrpo_discrete|htrpo_reach_discrete|htrpo_reach_entropy|htrpo_push_discrete|htrpo_push|ms_pacman|ms_pacman_htrpo_levers|hpg_screen|htrpo_vs_hpg|htrpo_ablations|htrpo_reach|htrpo_reach_fast|htrpo_bits|htrpo_bits32|bitflip_dqn|predator_prey|predator_prey_sac|predator_prey_shift|predator_prey_shift_clip|predator_prey_static|push_updates|robotics_updates|push_ranks|push_ranks_scheduled|htrpo_push_levers" >&2
     exit 2 ;;
 esac
