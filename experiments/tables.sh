@@ -47,6 +47,7 @@
 #     experiments/tables.sh robotics_updates  # DDPG+KFAC with twice the updates on PickAndPlace, Slide (600k), HandReach (500k)
 #     experiments/tables.sh push_ranks      # the Push recipe (n_batches 80) at np 1, 2, 4, 8, 3 seeds each, 400k: how -np changes learning
 #     experiments/tables.sh push_ranks_scheduled  # ... at np 8 with train.schedule_ranks=2 (the 2-rank updates per env step), 3 seeds
+#     EPOCHS=20 experiments/tables.sh htrpo_slide  # HTRPO FetchSlideDiscrete and continuous FetchSlide, the authors' configs, 2M steps
 #     experiments/tables.sh htrpo_push_levers  # HTRPO continuous Push, seed 0 to 320k: one change each towards the authors' code
 #
 # Seeds go in the outer loop, so every recipe has its first seed before any has its third: a table
@@ -310,6 +311,11 @@ push_ranks_scheduled)  # ... at 8 ranks keeping the 2-rank schedule: 320 updates
         NP=8 sweep push_ranks/np8_schedule2 --config fetch_push_ddpg_kfac --seeds "$seed" --set train.n_batches=80 \
             --set train.schedule_ranks=2 --set train.n_cycles=12 --set train.max_env_steps=400000 --set train.n_epochs=400
     done ;;
+htrpo_slide)  # HTRPO on FetchSlideDiscrete and continuous FetchSlide (2M steps each: hours per run; stop and resume at will)
+    for seed in ${SEEDS:-0}; do
+        sweep htrpo_slide --config fetch_slide_discrete_htrpo --seeds "$seed" "${cap[@]}"
+        sweep htrpo_slide --config fetch_slide_htrpo --seeds "$seed" "${cap[@]}"
+    done ;;
 htrpo_push_levers)  # HTRPO continuous FetchPush, seed 0 to 320k (20 epochs), one difference from the authors' code
     # each; the recipe's own first 320k is htrpo_push's seed 0. Early signals: copies_reached, ess, object contact
     for lever in "algo.init=orthogonal" "algo.hvp_subsample=1.0" "algo.is_normaliser=running" "algo.goal_decimals=2" \
@@ -318,6 +324,6 @@ htrpo_push_levers)  # HTRPO continuous FetchPush, seed 0 to 320k (20 epochs), on
             --set train.n_epochs=20
     done ;;
 *)
-    echo "usage: experiments/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|push_td3_diag|push_sac_diag|other_tasks|htrpo_discrete|htrpo_reach_discrete|htrpo_reach_entropy|htrpo_push_discrete|htrpo_push|ms_pacman|ms_pacman_htrpo_levers|hpg_screen|htrpo_vs_hpg|htrpo_ablations|htrpo_reach|htrpo_reach_fast|htrpo_bits|htrpo_bits32|bitflip_dqn|predator_prey|predator_prey_sac|predator_prey_shift|predator_prey_shift_clip|predator_prey_static|push_updates|robotics_updates|push_ranks|push_ranks_scheduled|htrpo_push_levers" >&2
+    echo "usage: experiments/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|push_td3_diag|push_sac_diag|other_tasks|htrpo_discrete|htrpo_reach_discrete|htrpo_reach_entropy|htrpo_push_discrete|htrpo_push|ms_pacman|ms_pacman_htrpo_levers|hpg_screen|htrpo_vs_hpg|htrpo_ablations|htrpo_reach|htrpo_reach_fast|htrpo_bits|htrpo_bits32|bitflip_dqn|predator_prey|predator_prey_sac|predator_prey_shift|predator_prey_shift_clip|predator_prey_static|push_updates|robotics_updates|push_ranks|push_ranks_scheduled|htrpo_push_levers|htrpo_slide" >&2
     exit 2 ;;
 esac
