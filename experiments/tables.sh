@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The long result tables (FetchPush, the other robotics tasks, the source papers' rows) as resumable
-# sweeps (python -m her_mpi.sweep), one training at a time at np=2. Run a table again with the same
+# sweeps (python -m her_mpi.sweep), one training at a time at np=2 (NP=N sets another). Run a table again with the same
 # command after any interruption: finished runs are skipped, interrupted ones resume from their last
 # checkpoint. Then keep the results in the repository:
 #     python experiments/collect_sweep.py runs/sweeps/<table> --name <table>
@@ -299,7 +299,7 @@ robotics_updates)  # DDPG+KFAC with n_batches 80 on the other robotics tasks
             --set train.max_env_steps=500000 --set train.n_epochs=50
     done ;;
 push_ranks)  # the Push recipe with twice the updates at 1, 2, 4 and 8 ranks, the same env-step budget and ~10k
-    # steps per epoch (n_cycles 100/np; ranks beyond the cores are slower, not different); seeds outermost
+    # steps per epoch (n_cycles 100/np: 9.6k at np 8; ranks beyond the cores are slower, not different); seeds outermost
     for seed in ${SEEDS:-0 1 2}; do
         for np in ${RANKS:-1 2 4 8}; do
             NP=$np sweep "push_ranks/np$np" --config fetch_push_ddpg_kfac --seeds "$seed" --set train.n_batches=80 \

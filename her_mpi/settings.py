@@ -115,10 +115,10 @@ class TrainConfig:
     # steps at np=19). Naming the rank count a recipe was tuned at keeps what it learns from constant.
     schedule_ranks: int | None = setting(None, "off-policy algorithms: the rank count n_batches and batch_size were "
                                                "chosen for; at N ranks each cycle then runs n_batches*N/schedule_ranks "
-                                               "updates of batch_size*schedule_ranks/N transitions per rank (rounded), "
-                                               "keeping the updates per env step and the transitions per update of all "
-                                               "ranks together (null: n_batches and batch_size as written at any rank "
-                                               "count, the baselines schedule)")
+                                               "updates of batch_size*schedule_ranks/N transitions per rank (rounded "
+                                               "half up), keeping the updates per env step and the transitions per "
+                                               "update of all ranks together (null: n_batches and batch_size as "
+                                               "written at any rank count, the baselines schedule)")
     n_test_episodes: int = setting(50, "deterministic test episodes per evaluation, all ranks together (split "
                                        "evenly, rounded up; 0: no evaluation)")
     n_test_rollouts: int | None = setting(None, "deprecated: test episodes per rank; use n_test_episodes (null: "
@@ -168,17 +168,18 @@ class TrainConfig:
                           f"{path}.n_test_episodes (all ranks together)", FutureWarning, stacklevel=2)
 
     def update_schedule(self, n_ranks: int) -> tuple[int, int]:
-        """(updates per cycle, transitions per update per rank) at ``n_ranks`` ranks."""
-        if self.schedule_ranks is None or n_ranks == self.schedule_ranks:
+        """(updates per cycle, transitions per update per rank) at ``n_ranks`` ranks: as written, or
+        with ``schedule_ranks`` rescaled to it (rounded half up; at least one update if any)."""
+        tuned = self.schedule_ranks
+        if tuned is None or n_ranks == tuned:
             return self.n_batches, self.batch_size
-        scale = n_ranks / self.schedule_ranks
-        batch = round(self.batch_size / scale)
+        batch = (2 * self.batch_size * tuned + n_ranks) // (2 * n_ranks)
         if batch < 1:
-            raise ConfigError(f"train.schedule_ranks = {self.schedule_ranks} with train.batch_size = "
-                              f"{self.batch_size} leaves less than one transition per update on each of "
-                              f"{n_ranks} ranks; expected batch_size >= {math.ceil(scale / 2)} or a larger "
-                              f"schedule_ranks")
-        return round(self.n_batches * scale), batch
+            raise ConfigError(f"train.schedule_ranks = {tuned} with train.batch_size = {self.batch_size} leaves "
+                              f"less than one transition per update on each of {n_ranks} ranks; expected "
+                              f"batch_size >= {math.ceil(n_ranks / (2 * tuned))} or a larger schedule_ranks")
+        updates = (2 * self.n_batches * n_ranks + tuned) // (2 * tuned)
+        return (max(1, updates) if self.n_batches else 0), batch
 
     def test_episodes_per_rank(self, n_ranks: int) -> int:
         """Each rank's share of the test episodes (rounded up: every rank runs as many)."""

@@ -137,8 +137,9 @@ class Trainer(HaltAgreement, ResumableState):
         """Train to ``n_epochs``; returns the last epoch's row. Collective from the first line.
 
         ``signals``: stop requests caught since before training (``her_mpi.train`` catches them from
-        its start, so a stop during start-up is not lost); by default caught from here on. Raises :class:`Preempted` after a stop signal (checkpoint written), :class:`NonFiniteError`
-        or :class:`CheckpointFailed` (no new checkpoint), identically on every rank."""
+        its start, so a stop during start-up is not lost); by default caught from here on. Raises
+        :class:`Preempted` after a stop signal (checkpoint written), :class:`NonFiniteError` or
+        :class:`CheckpointFailed` (no new checkpoint), identically on every rank."""
         config, train = self.config, self.config.train
         if not self.resumed:
             self.agent.broadcast_parameters()

@@ -395,7 +395,14 @@ def test_schedule_ranks_refuses_what_it_cannot_keep():
     with pytest.raises(ConfigError, match="train.schedule_ranks: got 0, expected an integer >= 1"):
         load_config("fetch_push_td3", ["train.schedule_ranks=0"])
     train = load_config("fetch_push_td3", ["train.schedule_ranks=1", "train.batch_size=2"]).train
-    with pytest.raises(ConfigError, match="less than one transition per update on each of 8 ranks"):
+    with pytest.raises(ConfigError, match="less than one transition per update on each of 8 ranks; expected "
+                                          "batch_size >= 4"):
         train.update_schedule(8)
+    def schedule(*overrides, n_ranks):
+        return load_config("fetch_push_td3", list(overrides)).train.update_schedule(n_ranks)
+    assert schedule("train.schedule_ranks=1", "train.batch_size=4", n_ranks=8)[1] == 1
+    # a fraction of an update rounds half up, and never to none
+    assert schedule("train.schedule_ranks=4", "train.n_batches=1", n_ranks=1)[0] == 1
+    assert schedule("train.schedule_ranks=4", "train.n_batches=10", n_ranks=1)[0] == 3
     with pytest.raises(ConfigError, match="train.schedule_ranks"):  # on-policy: no updates to reschedule
         load_config("bitflip_8_htrpo", ["train.schedule_ranks=2"])

@@ -275,3 +275,17 @@ def test_schedule_ranks_keeps_the_updates_per_env_step_at_any_rank_count(tmp_pat
     assert int(read_progress(tmp_path / "run")[0]["updates"]) == 2 * updates_per_cycle
     said = "each cycle runs 2 updates of 64 transitions per rank (recipe: 3 of 32)"
     assert (said in result.stdout) == (n_ranks == 1), result.stdout
+
+
+def test_schedule_ranks_sets_the_batch_each_update_samples(monkeypatch):
+    from her_mpi.config import load_config
+    from her_mpi.envs import env_spec, make_env
+
+    config = load_config("fetch_reach_ddpg", ["train.schedule_ranks=4", "replay.size=1000"])
+    env = make_env(config.env)
+    agent = build_agent(config, env_spec(env, config.env.id), env)  # one rank: a quarter of those it was tuned at
+    assert (agent.n_batches, agent.batch_size) == (10, 1024)
+    asked = []
+    monkeypatch.setattr(agent.buffer, "sample", lambda n, *args, **kwargs: asked.append(n))
+    agent.sample_batch()
+    assert asked == [1024]
