@@ -9,7 +9,8 @@ nothing has to be re-implemented on the robot. Metadata (algorithm, env, dims, b
 period, training progress and the full training config) is stored in the file.
 
 With ``--verify`` (the default) the file is checked with ``onnx.checker`` and onnxruntime must
-match torch within 1e-5 on random inputs at batch sizes 1, 3 and 64, or the command fails.
+match torch within 1e-5 plus four times torch's own float32 rounding error (its distance from a
+float64 copy) on random inputs at batch sizes 1, 3 and 64, or the command fails.
 
 ``--card`` also writes the policy's card beside it (``policy.json``: task, algorithm, recipe,
 training env steps, success on ``--card-episodes`` unseen episodes with its 95% interval, sha256,
@@ -19,6 +20,7 @@ size), as the trained policies in ``her_mpi_runtime/zoo`` carry.
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import json
 import logging
@@ -124,6 +126,23 @@ def verify(path: Path, policy, obs_dim: int, goal_dim: int) -> dict[int, float]:
     return differences
 
 
+def float32_error(policy, obs_dim: int, goal_dim: int) -> float:
+    """The policy's own float32 rounding: max |torch float32 - torch float64| on verify's inputs.
+    Large, well-trained networks reach 1e-4; onnxruntime rounds differently, not worse."""
+    if hasattr(policy.inputs, "obs_shape"):  # image policies cast pixels to float32 inside: no float64 copy
+        return 0.0
+    exact = copy.deepcopy(policy).double()
+    rng = np.random.default_rng(0)
+    error = 0.0
+    for batch in VERIFY_BATCH_SIZES:
+        obs, goal = random_inputs(policy, obs_dim, goal_dim, batch, rng)
+        with torch.inference_mode():
+            single = policy(torch.from_numpy(obs), torch.from_numpy(goal)).double()
+            double = exact(torch.from_numpy(obs).double(), torch.from_numpy(goal).double())
+        error = max(error, float((single - double).abs().max()))
+    return error
+
+
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
     """The 95% Wilson score interval of a success rate (sound at 0 and 1, unlike the normal one)."""
     p = successes / n
@@ -210,11 +229,16 @@ def main(argv=None) -> int:
         return 0
     differences = verify(output, policy, spec["obs_dim"], spec["goal_dim"])
     report = ", ".join(f"batch {b}: {d:.2e}" for b, d in differences.items())
-    if max(differences.values()) > TOLERANCE:
-        print(f"her_mpi.export: verification FAILED: max |onnxruntime - torch| exceeds {TOLERANCE:g} "
-              f"({report})", file=sys.stderr)
+    # Two float32 computations of the same function may each be off the exact one by the network's
+    # own rounding error; an export bug is orders of magnitude larger.
+    rounding = float32_error(policy, spec["obs_dim"], spec["goal_dim"])
+    tolerance = TOLERANCE + 4 * rounding
+    explained = f"tolerance {tolerance:.2e}: {TOLERANCE:g} + 4 x torch's own float32 error {rounding:.2e}"
+    if max(differences.values()) > tolerance:
+        print(f"her_mpi.export: verification FAILED: max |onnxruntime - torch| {report} ({explained})",
+              file=sys.stderr)
         return 1
-    print(f"verified: onnx.checker passed; max |onnxruntime - torch| {report} (tolerance {TOLERANCE:g})")
+    print(f"verified: onnx.checker passed; max |onnxruntime - torch| {report} ({explained})")
     if args.card:
         card = write_card(output, state, args.card_episodes, args.card_seed, args.recipe)
         low, high = card["success_interval_95"]

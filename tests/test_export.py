@@ -191,3 +191,11 @@ def test_verify_detects_a_policy_that_differs(exported):
     with torch.no_grad():
         next(module.network.parameters()).add_(0.5)  # the torch side no longer matches the file
     assert max(verify(exported["onnx"], module, 10, 3).values()) > 1e-3
+
+
+def test_the_tolerance_allows_for_the_networks_own_float32_rounding(exported):
+    from her_mpi.export import float32_error
+
+    # a float64 copy of the policy differs from it by float32 rounding alone: small, and not nothing
+    assert 0 < float32_error(torch_policy(exported["checkpoint"]), 10, 3) < 1e-5
+    assert "x torch's own float32 error" in exported["stdout"]

@@ -13,6 +13,8 @@ from conftest import ROOT
 from her_mpi_runtime import Policy, zoo
 
 EPISODES = 20
+# what a user of the zoo can count on: every robotics task, bit flipping, and (checked below) a discrete task
+REQUIRED = {"FetchReach-v4", "FetchPush-v4", "FetchPickAndPlace-v4", "FetchSlide-v4", "HandReach-v3", "BitFlipping-v0"}
 
 
 @pytest.mark.parametrize("name", zoo.names())
@@ -39,3 +41,11 @@ def test_the_zoo_lists_itself():
     assert result.returncode == 0
     for name in zoo.names():
         assert f"zoo:{name}" in result.stdout
+
+
+def test_the_zoo_covers_the_robotics_tasks_a_discrete_task_and_bit_flipping():
+    tasks = {zoo.card(name)["env_id"] for name in zoo.names()}
+    missing = REQUIRED - tasks
+    assert not missing, f"no zoo policy for {sorted(missing)}"
+    assert any(Policy(f"zoo:{name}").metadata.discrete and zoo.card(name)["env_id"] != "BitFlipping-v0"
+               for name in zoo.names()), "no discrete-action task besides bit flipping"

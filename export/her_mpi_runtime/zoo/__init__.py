@@ -23,7 +23,11 @@ def names() -> list[str]:
 
 
 def card(name: str) -> dict:
-    return json.loads((ZOO_DIR / f"{name}.json").read_text())
+    path = ZOO_DIR / f"{name}.json"
+    if not path.is_file():  # e.g. an export whose --card step failed
+        raise FileNotFoundError(f"zoo:{name} has no card {path}; expected one beside every policy (write both "
+                                f"with python -m her_mpi.export --checkpoint RUN --output {ZOO_DIR / name}.onnx --card)")
+    return json.loads(path.read_text())
 
 
 def resolve(policy: str | Path) -> Path:
