@@ -103,6 +103,13 @@ def random_inputs(policy, obs_dim: int, goal_dim: int, batch: int, rng: np.rando
     return obs.astype(np.float32), goal.astype(np.float32)
 
 
+def verify_inputs(policy, obs_dim: int, goal_dim: int):
+    """(batch size, observations, goals) for each of the checks' batch sizes, the same on every call."""
+    rng = np.random.default_rng(0)
+    for batch in VERIFY_BATCH_SIZES:
+        yield batch, *random_inputs(policy, obs_dim, goal_dim, batch, rng)
+
+
 def verify(path: Path, policy, obs_dim: int, goal_dim: int) -> dict[int, float]:
     """onnx.checker, then onnxruntime vs torch; returns the max abs difference per batch size."""
     import onnx
@@ -112,10 +119,8 @@ def verify(path: Path, policy, obs_dim: int, goal_dim: int) -> dict[int, float]:
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    rng = np.random.default_rng(0)
     differences = {}
-    for batch in VERIFY_BATCH_SIZES:
-        obs, goal = random_inputs(policy, obs_dim, goal_dim, batch, rng)
+    for batch, obs, goal in verify_inputs(policy, obs_dim, goal_dim):
         (onnx_action,) = session.run(["action"], {"observation": obs, "desired_goal": goal})
         with torch.inference_mode():
             torch_action = policy(torch.from_numpy(obs), torch.from_numpy(goal)).numpy()
@@ -132,10 +137,8 @@ def float32_error(policy, obs_dim: int, goal_dim: int) -> float:
     if hasattr(policy.inputs, "obs_shape"):  # image policies cast pixels to float32 inside: no float64 copy
         return 0.0
     exact = copy.deepcopy(policy).double()
-    rng = np.random.default_rng(0)
     error = 0.0
-    for batch in VERIFY_BATCH_SIZES:
-        obs, goal = random_inputs(policy, obs_dim, goal_dim, batch, rng)
+    for _, obs, goal in verify_inputs(policy, obs_dim, goal_dim):
         with torch.inference_mode():
             single = policy(torch.from_numpy(obs), torch.from_numpy(goal)).double()
             double = exact(torch.from_numpy(obs).double(), torch.from_numpy(goal).double())

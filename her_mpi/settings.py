@@ -14,8 +14,8 @@ than the loader (:mod:`her_mpi.config`), which finds the algorithms through
 from __future__ import annotations
 
 import copy
-import math
 import dataclasses
+import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, NamedTuple
