@@ -83,3 +83,32 @@ def test_replay_buffer_samples_by_priority_and_never_padding():
     batch = buffer.sample(5000, "future", 4, rng, beta=0.5)
     assert np.mean(batch["indices"] == 32) > 0.5
     assert batch["weights"][batch["indices"] == 32].max() < batch["weights"].max()
+
+
+def test_beta_continues_across_a_resume_at_another_schedule():
+    """beta anneals over n_epochs * n_cycles * n_batches updates; a checkpoint resumed where that
+    horizon differs (another rank count under train.schedule_ranks, a longer n_epochs) goes on
+    from the progress it reached instead of jumping, and the same horizon resumes it exactly."""
+    from her_mpi.config import load_config
+    from her_mpi.envs import EnvSpec
+    from her_mpi.trainer import build_agent
+
+    spec = EnvSpec("BitFlipping-v0", 6, 6, True, 1, 6, (), (), 6, 0.0)
+
+    def agent(n_epochs):
+        return build_agent(load_config(None, ["algo=dqn", "env.id=BitFlipping-v0", "replay.size=1000",
+                                              "replay.prioritized=true", f"train.n_epochs={n_epochs}"]), spec)
+
+    first = agent(10)
+    horizon = first.beta_horizon()
+    first.n_updates = horizon // 2
+    assert first.beta() == pytest.approx(0.4 + 0.6 * 0.5)
+    same, longer = agent(10), agent(20)
+    same.load_state_dict(first.state_dict())
+    longer.load_state_dict(first.state_dict())
+    assert same.beta() == first.beta()  # bit for bit: n_updates / horizon
+    assert longer.beta() == pytest.approx(first.beta())  # no jump
+    longer.n_updates += longer.beta_horizon() // 4
+    assert longer.beta() == pytest.approx(0.4 + 0.6 * 0.75)
+    longer.n_updates += longer.beta_horizon()
+    assert longer.beta() == 1.0

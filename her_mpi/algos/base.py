@@ -192,6 +192,7 @@ class OffPolicyAgent(Agent):
                 raise ConfigError(f"replay.episode_priority = 'energy' on {spec.env_id}: {exc}; expected "
                                   f"episode_priority none for this env") from None
         self.target_pairs: list[tuple[torch.Tensor, torch.Tensor]] = []  # (target, online) flat
+        self.beta_resumed_at = (0.0, 0)  # (beta progress, n_updates) a resume at another horizon starts from
 
     @abstractmethod
     def update(self, batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -308,11 +309,32 @@ class OffPolicyAgent(Agent):
             for target, online in self.target_pairs:
                 target.lerp_(online, 1.0 - self.params.polyak)
 
+    def beta_horizon(self) -> int:
+        """Updates over which beta anneals to 1 at this run's schedule (it depends on the rank count
+        when train.schedule_ranks rescales n_batches)."""
+        replay, train = self.config.replay, self.config.train
+        return replay.beta_anneal_updates or max(1, train.n_epochs * train.n_cycles * self.n_batches)
+
+    def beta_progress(self) -> float:
+        """How far beta's annealing has come, in [0, 1]: n_updates / horizon, continued from where a
+        checkpoint written at another horizon (another rank count, another n_epochs) left it."""
+        progress = self.beta_resumed_at[0] + (self.n_updates - self.beta_resumed_at[1]) / self.beta_horizon()
+        return min(1.0, progress)
+
     def beta(self) -> float:
         """Importance-weight exponent, annealed linearly from replay.beta to 1."""
-        replay, train = self.config.replay, self.config.train
-        horizon = replay.beta_anneal_updates or max(1, train.n_epochs * train.n_cycles * self.n_batches)
-        return min(1.0, replay.beta + (1.0 - replay.beta) * self.n_updates / horizon)
+        replay = self.config.replay
+        return replay.beta + (1.0 - replay.beta) * self.beta_progress()
+
+    def state_dict(self) -> dict:
+        return super().state_dict() | {"beta_progress": self.beta_progress(), "beta_horizon": self.beta_horizon()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        # The same horizon continues n_updates / horizon exactly; another one continues the
+        # progress the checkpoint had reached (beta never jumps on a resume at another rank count).
+        if state.get("beta_horizon", self.beta_horizon()) != self.beta_horizon():
+            self.beta_resumed_at = (state["beta_progress"], self.n_updates)
 
     def buffer_state(self) -> dict:
         return self.buffer.state_dict()
