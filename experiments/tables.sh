@@ -49,6 +49,7 @@
 #     experiments/tables.sh push_ranks_scheduled  # ... at np 8 with train.schedule_ranks=2 (the 2-rank updates per env step), 3 seeds
 #     EPOCHS=20 experiments/tables.sh htrpo_slide  # HTRPO FetchSlideDiscrete and continuous FetchSlide, the authors' configs, 2M steps
 #     experiments/tables.sh htrpo_push_levers  # HTRPO continuous Push, seed 0 to 320k: one change each towards the authors' code
+#     EPOCHS=11 experiments/tables.sh htrpo_push_authors  # ... every change at once
 #
 # Seeds go in the outer loop, so every recipe has its first seed before any has its third: a table
 # stopped early still compares all its rows. Set SWEEP_TREE to run from a frozen copy of the code
@@ -311,6 +312,12 @@ push_ranks_scheduled)  # ... at 8 ranks keeping the 2-rank schedule: 320 updates
         NP=8 sweep push_ranks/np8_schedule2 --config fetch_push_ddpg_kfac --seeds "$seed" --set train.n_batches=80 \
             --set train.schedule_ranks=2 --set train.n_cycles=12 --set train.max_env_steps=400000 --set train.n_epochs=400
     done ;;
+htrpo_push_authors)  # HTRPO continuous FetchPush, seed 0 (EPOCHS=N stops at N of 125), every difference from the
+    # authors' code at once (their newest HTRPO Fetch configs: no entropy term); if it learns, htrpo_push_levers bisects
+    sweep htrpo_push_authors --config fetch_push_htrpo --seeds "${SEEDS:-0}" --set algo.init=orthogonal \
+        --set algo.goal_decimals=2 --set algo.goal_filtering_scale=raw --set algo.is_normaliser=running \
+        --set algo.hvp_subsample=1.0 --set algo.line_search_accept_ratio=0.1 --set algo.adopt_first_statistics=true \
+        --set algo.entropy_coef=0 --set algo.entropy_weighting=surrogate "${cap[@]}" ;;
 htrpo_slide)  # HTRPO on FetchSlideDiscrete and continuous FetchSlide (2M steps each: hours per run; stop and resume at will)
     for seed in ${SEEDS:-0}; do
         sweep htrpo_slide --config fetch_slide_discrete_htrpo --seeds "$seed" "${cap[@]}"
@@ -325,6 +332,6 @@ htrpo_push_levers)  # HTRPO continuous FetchPush, seed 0 to 320k (20 epochs; EPO
             --set "train.n_epochs=${EPOCHS:-20}"
     done ;;
 *)
-    echo "usage: experiments/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|push_td3_diag|push_sac_diag|other_tasks|htrpo_discrete|htrpo_reach_discrete|htrpo_reach_entropy|htrpo_push_discrete|htrpo_push|ms_pacman|ms_pacman_htrpo_levers|hpg_screen|htrpo_vs_hpg|htrpo_ablations|htrpo_reach|htrpo_reach_fast|htrpo_bits|htrpo_bits32|bitflip_dqn|predator_prey|predator_prey_sac|predator_prey_shift|predator_prey_shift_clip|predator_prey_static|push_updates|robotics_updates|push_ranks|push_ranks_scheduled|htrpo_push_levers|htrpo_slide" >&2
+    echo "usage: experiments/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|push_td3_diag|push_sac_diag|other_tasks|htrpo_discrete|htrpo_reach_discrete|htrpo_reach_entropy|htrpo_push_discrete|htrpo_push|ms_pacman|ms_pacman_htrpo_levers|hpg_screen|htrpo_vs_hpg|htrpo_ablations|htrpo_reach|htrpo_reach_fast|htrpo_bits|htrpo_bits32|bitflip_dqn|predator_prey|predator_prey_sac|predator_prey_shift|predator_prey_shift_clip|predator_prey_static|push_updates|robotics_updates|push_ranks|push_ranks_scheduled|htrpo_push_levers|htrpo_push_authors|htrpo_slide" >&2
     exit 2 ;;
 esac

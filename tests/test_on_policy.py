@@ -92,6 +92,17 @@ def test_goal_filtering_falls_back_to_the_nearest_achieved_goals():
     np.testing.assert_array_equal(goals, [[1.5, 1.2], [1.1, 1.9]])
 
 
+def test_goal_filtering_measures_in_the_goals_spread_or_in_their_own_units():
+    original = np.array([[0.0, 0.0], [1.0, 0.1]])  # spread 0.5 in x, 0.05 in y
+    start, far_in_x, far_in_spread = [0.5, 0.05], [0.9, 0.05], [0.5, 0.0]  # 0.4 / 0.05 apart, 0.8 / 1.0 spreads
+    achieved = np.array([far_in_x, start, far_in_spread])
+    assert np.random.default_rng(1).integers(3) == 1  # the random start is `start`
+    spread = hindsight_goal_filtering(achieved, original, 2, np.random.default_rng(1))
+    raw = hindsight_goal_filtering(achieved, original, 2, np.random.default_rng(1), scale_by_spread=False)
+    np.testing.assert_array_equal(spread, [start, far_in_spread])
+    np.testing.assert_array_equal(raw, [start, far_in_x])
+
+
 def episodes_from(ag: np.ndarray, goal: np.ndarray, lengths=None) -> Episodes:
     n, T1, d = ag.shape
     return Episodes(obs=ag.copy(), ag=ag, g=np.broadcast_to(goal, (n, T1, d)).copy(),
@@ -554,6 +565,47 @@ def test_normalizer_updates_preserve_the_on_policy_networks_functions():
         assert not torch.allclose(agent.inputs(obs, goals), normalised_before)  # the statistics did change
     torch.testing.assert_close(after[0], before[0], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(after[1], before[1], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("adopt", [False, True])
+def test_the_first_statistics_are_adopted_or_preserved(adopt, monkeypatch):
+    """adopt_first_statistics: the first batch's statistics reach the initial networks unrewritten
+    (they then see normalised inputs), and the batch's log-probabilities are the re-normalised
+    policy's; later updates keep the networks' functions either way."""
+    agent, config = predator_prey_agent("htrpo", f"algo.adopt_first_statistics={str(adopt).lower()}", dims=2)
+    episodes, collecting = collect(agent, config)
+    first_layer = next(m for m in agent.policy_net.modules() if isinstance(m, torch.nn.Linear))
+    initial = first_layer.weight.detach().clone()
+    seen = {}
+    monkeypatch.setattr(agent, "policy_step", lambda batch: seen.update(batch) or {})
+    agent.learn(episodes)
+    assert agent.inputs.obs_normalizer.total[-1] > 1  # the statistics were taken in
+    assert torch.equal(first_layer.weight, initial) == adopt  # rewritten only to keep the function
+    n_original = int(episodes.lengths.sum())
+    matches_collecting = np.allclose(seen["old_log_prob"][:n_original].numpy(), collecting, rtol=1e-5, atol=1e-5)
+    assert matches_collecting != adopt
+    before = first_layer.weight.detach().clone()
+    agent.learn(collect(agent, config)[0])  # the second iteration preserves in both settings
+    assert not torch.equal(first_layer.weight, before)
+
+
+@pytest.mark.parametrize("accept_ratio", [0.0, 0.9])
+def test_line_search_accepts_only_steps_that_deliver_the_asked_share_of_the_predicted_improvement(accept_ratio):
+    from her_mpi.config import load_config
+    from her_mpi.envs import env_spec, make_env
+    from her_mpi.trainer import build_agent
+
+    # a trust region far too large for the surrogate's linear prediction to hold at the full step
+    config = load_config(None, ["algo=htrpo", "env.id=BitFlipping-v0", "env.kwargs={n_bits: 6}", "algo.hidden=[16]",
+                                "algo.max_kl=1.0", f"algo.line_search_accept_ratio={accept_ratio}"])
+    env = make_env(config.env, seed=0)
+    agent = build_agent(config, env_spec(env, "BitFlipping-v0"), env, np.random.SeedSequence(0))
+    metrics = agent.learn(collect(agent, config, n_episodes=8)[0])
+    k = int(metrics["line_search_step"])
+    assert k >= 1  # accepted: improvement > accept_ratio * the gradient's prediction for that step
+    assert metrics["surrogate_improvement"] > accept_ratio * 0.5 ** (k - 1) * metrics["expected_improvement"]
+    if accept_ratio:
+        assert k > 1  # the full step improved, by less than 90% of its prediction
 
 
 def measured_htrpo_step(monkeypatch, uniform_policy: bool = False) -> tuple[dict, dict, float]:

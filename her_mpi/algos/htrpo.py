@@ -78,6 +78,14 @@ class HindsightParams(OnPolicyParams):
                "last step (continuous Fetch). false: each ends at its first success (the authors' hindsight copies)")
     n_goals: int = setting(100, "hindsight goals per iteration (0: every distinct achieved goal)")
     goal_decimals: int = setting(3, "achieved goals are rounded to this many decimals to find distinct ones")
+    goal_filtering_scale: Literal["spread", "raw"] = setting(
+        "spread", "Hindsight Goal Filtering's distances: in units of the original goals' spread per dimension, or "
+                  "raw (the goals' own units, metres on Fetch: the authors' code)")
+    adopt_first_statistics: bool = setting(
+        False, "the first batch's input statistics are adopted without rewriting the networks, so the initial "
+               "networks act on normalised inputs as their initialisation assumes (the authors' code); that "
+               "iteration's probabilities are then those of the re-normalised policy. false: every normalizer "
+               "update keeps the networks' functions, the first included")
     critic: bool = setting(True, "learn V(s, g) and take TD/GAE advantages, normalised (false: each row's advantage is "
                                  "the discounted return of the importance-weighted rewards, unnormalised: the "
                                  "authors' FetchReachDiscrete config, value_type None)")
@@ -109,11 +117,15 @@ class HindsightParams(OnPolicyParams):
     def unused_keys(self, config) -> dict[str, Unused]:
         unused = super().unused_keys(config)
         if not self.hindsight:  # an ablation of a recipe tuned with hindsight: warned, not refused
-            for name in ("goal_filtering", "n_goals", "goal_decimals", "drop_instant_successes"):
+            for name in ("goal_filtering", "goal_filtering_scale", "n_goals", "goal_decimals",
+                         "drop_instant_successes"):
                 unused[f"algo.{name}"] = Unused("it chooses hindsight goals, and algo.hindsight is false", refuse=False)
         if not self.critic:  # an ablation of a recipe tuned with a critic: warned, not refused
             for name in ("gae_lambda", "critic_iters", "critic_batch_size", "lr_critic"):
                 unused[f"algo.{name}"] = Unused("it trains the value network, and algo.critic is false", refuse=False)
+        if self.hindsight and not self.goal_filtering:
+            unused["algo.goal_filtering_scale"] = Unused("it measures Hindsight Goal Filtering's distances, and "
+                                                         "algo.goal_filtering is false")
         if not self.weighted_is:
             unused["algo.is_normaliser"] = Unused("it normalises weighted IS, and algo.weighted_is is false")
         if not self.entropy_coef:
@@ -131,6 +143,9 @@ class HTRPOParams(HindsightParams):
     cg_damping: float = setting(1e-3, "damping added to the Hessian-vector products")
     hvp_subsample: float = setting(1.0, "fraction of rows used for Hessian-vector products (speed)")
     line_search_steps: int = setting(10, "backtracking line-search halvings before the step is rejected")
+    line_search_accept_ratio: float = setting(
+        0.0, "a line-search step is accepted when its improvement is > 0 and > this fraction of the improvement "
+             "the gradient predicts for it (0.1: the authors' code; 0: any improvement)")
     kl: Literal["qkl", "analytic", "logratio"] = setting(
         "qkl", "divergence of the trust region: qkl (the paper's), analytic or logratio")
 
@@ -141,6 +156,8 @@ class HTRPOParams(HindsightParams):
             check(getattr(self, name) >= 1, f"{path}.{name}", getattr(self, name), "an integer >= 1")
         check(self.cg_damping >= 0, f"{path}.cg_damping", self.cg_damping, "a number >= 0")
         check(0 < self.hvp_subsample <= 1, f"{path}.hvp_subsample", self.hvp_subsample, "a number in (0, 1]")
+        check(0 <= self.line_search_accept_ratio < 1, f"{path}.line_search_accept_ratio",
+              self.line_search_accept_ratio, "a number in [0, 1)")
 
 
 @dataclass
@@ -155,15 +172,17 @@ class HPGParams(HindsightParams):
 
 
 def hindsight_goal_filtering(achieved: np.ndarray, original: np.ndarray, n_goals: int,
-                             rng: np.random.Generator) -> np.ndarray:
+                             rng: np.random.Generator, scale_by_spread: bool = True) -> np.ndarray:
     """Algorithm 2 of the HTRPO paper. Candidates inside the bounding box of the original goals (over
     the dimensions where they vary) are spread out by farthest-point sampling from a random
     start; if none is inside, the achieved goals nearest to the original ones are taken.
-    Distances are measured in units of the original goals' spread per dimension."""
+    Distances are measured in units of the original goals' spread per dimension
+    (``scale_by_spread``), else in the goals' own units."""
     n_goals = min(n_goals or len(achieved), len(achieved))
     low, high = original.min(axis=0), original.max(axis=0)
     varying = high > low
-    scale = np.where(original.std(axis=0) > 0, original.std(axis=0), 1.0)
+    spread = original.std(axis=0)
+    scale = np.where(spread > 0, spread, 1.0) if scale_by_spread else np.ones_like(spread)
     inside = np.all((achieved[:, varying] >= low[varying]) & (achieved[:, varying] <= high[varying]), axis=1)
     if not inside.any():
         distance = np.linalg.norm((achieved[:, None, :] - original[None, :, :]) / scale, axis=-1).min(axis=1)
@@ -230,7 +249,8 @@ class HindsightAgent(OnPolicyAgent):
         original = np.unique(np.concatenate(mpi.allgather_object(original)), axis=0)
         rng = np.random.default_rng([self.config.train.seed, self.n_iterations])  # shared by all ranks
         if p.goal_filtering:
-            return hindsight_goal_filtering(achieved, original, p.n_goals, rng).astype(np.float32)
+            return hindsight_goal_filtering(achieved, original, p.n_goals, rng,
+                                            scale_by_spread=p.goal_filtering_scale == "spread").astype(np.float32)
         n = min(p.n_goals or len(achieved), len(achieved))
         return achieved[rng.choice(len(achieved), n, replace=False)].astype(np.float32)
 
@@ -308,13 +328,17 @@ class HindsightAgent(OnPolicyAgent):
     def learn(self, episodes: Episodes) -> dict[str, float]:
         p = self.params
         goals = self.select_goals(episodes) if p.hindsight else np.zeros((0, self.spec.goal_dim), np.float32)
+        adopt = p.adopt_first_statistics and self.n_iterations == 0
+        if adopt:  # the networks now see normalised inputs; the batch is read as the new policy's
+            self.update_normalizers(episodes, goals)
         batch, data = self.build_batch(episodes, goals)  # the collecting policy's log-probs and weights
         # Then the normalizers take the batch in, with the networks rewritten to compute the same
         # functions, and the step is taken in the new statistics (the ones the next batch is
         # collected with). The importance ratio divides by the collecting policy; the trust region
         # is anchored at the policy the step starts from: the same policy, up to inputs beyond the
         # normalizer's clip range.
-        self.update_normalizers_preserving(episodes, goals)
+        if not adopt:
+            self.update_normalizers_preserving(episodes, goals)
         batch.update(self.row_tensors(episodes, data, next_inputs=p.critic))
         with torch.no_grad():
             batch["anchor"] = detach_params(self.policy_net.params(batch["x"]))
@@ -443,7 +467,8 @@ class HTRPO(HindsightAgent):
                 self.policy_flat.param.copy_(start + 0.5 ** k * step)
                 after, kl = global_sum(float(self.surrogate(batch)), float(self.divergence(batch, kl=p.kl)))
                 improvement = after - before
-                if improvement > 0 and kl <= 1.5 * p.max_kl:
+                predicted = 0.5 ** k * expected
+                if improvement > 0 and improvement > p.line_search_accept_ratio * predicted and kl <= 1.5 * p.max_kl:
                     accepted = k + 1
                     break
             else:
