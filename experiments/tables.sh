@@ -317,7 +317,8 @@ htrpo_push_authors)  # HTRPO continuous FetchPush, seed 0 (EPOCHS=N stops at N o
     sweep htrpo_push_authors --config fetch_push_htrpo --seeds "${SEEDS:-0}" --set algo.init=orthogonal \
         --set algo.goal_decimals=2 --set algo.goal_filtering_scale=raw --set algo.is_normaliser=running \
         --set algo.hvp_subsample=1.0 --set algo.line_search_accept_ratio=0.1 --set algo.adopt_first_statistics=true \
-        --set algo.entropy_coef=0 --set algo.entropy_weighting=surrogate "${cap[@]}" ;;
+        --set algo.entropy_coef=0 --set algo.entropy_weighting=surrogate --set algo.bootstrap_time_limit=false \
+        "${cap[@]}" ;;
 htrpo_slide)  # HTRPO on FetchSlideDiscrete and continuous FetchSlide (2M steps each: hours per run; stop and resume at will)
     for seed in ${SEEDS:-0}; do
         sweep htrpo_slide --config fetch_slide_discrete_htrpo --seeds "$seed" "${cap[@]}"

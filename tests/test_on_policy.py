@@ -194,6 +194,20 @@ def predator_prey_episodes(ag: np.ndarray, goal: float) -> Episodes:
     return episodes
 
 
+def test_copies_cut_by_the_time_limit_can_end_in_a_terminal_step():
+    from her_mpi.algos.htrpo import ending_at_time_limits
+
+    ag = np.array([[[0.0], [1.0], [2.0], [3.0]], [[0.0], [0.0], [0.0], [0.0]]])
+    data = relabel(episodes_from(ag, np.array([2.0])), np.array([0, 1]), np.full((2, 4, 1), 2.0),
+                   lambda a, g: (np.abs(a - g) < 0.5).all(-1).astype(np.float32))
+    np.testing.assert_array_equal(data.terminal, [[False, True, False], [False, False, False]])
+    ended = ending_at_time_limits(data)
+    np.testing.assert_array_equal(ended.terminal, [[False, True, False], [False, False, True]])
+    values, next_values = np.zeros(5), np.ones(5)  # rows: copy 0 steps 0-1, copy 1 steps 0-2
+    np.testing.assert_allclose(gae(data, np.zeros(5), values, next_values, 0.5, 0.0), [0.5, 0.0, 0.5, 0.5, 0.5])
+    np.testing.assert_allclose(gae(ended, np.zeros(5), values, next_values, 0.5, 0.0), [0.5, 0.0, 0.5, 0.5, 0.0])
+
+
 def test_htrpo_weights_are_the_papers_trajectory_normalised_sum():
     # Two 4-step episodes, predator moving +1 / -1 per step, original goal never reached, and two
     # hindsight goals: 2 (episode 0 reaches it after step 2) and -1 (episode 1 after step 1).

@@ -90,6 +90,9 @@ class HindsightParams(OnPolicyParams):
                                  "the discounted return of the importance-weighted rewards, unnormalised: the "
                                  "authors' FetchReachDiscrete config, value_type None)")
     gae_lambda: float = setting(0.0, "GAE lambda (0: TD(0) advantages and targets, as in the authors' code)")
+    bootstrap_time_limit: bool = setting(
+        True, "a copy cut by the episode's time limit bootstraps from V at its last state (false: its last step is "
+              "terminal, as the authors' code treats the time limit)")
     critic_iters: int = setting(20, "value-network gradient steps per iteration")
     critic_batch_size: int = setting(0, "rows per value-network step (0: the full batch)")
     entropy_coef: float = setting(0.0, "weight of an entropy bonus in the objective (0: none, as in the paper)")
@@ -121,7 +124,7 @@ class HindsightParams(OnPolicyParams):
                          "drop_instant_successes"):
                 unused[f"algo.{name}"] = Unused("it chooses hindsight goals, and algo.hindsight is false", refuse=False)
         if not self.critic:  # an ablation of a recipe tuned with a critic: warned, not refused
-            for name in ("gae_lambda", "critic_iters", "critic_batch_size", "lr_critic"):
+            for name in ("gae_lambda", "critic_iters", "critic_batch_size", "lr_critic", "bootstrap_time_limit"):
                 unused[f"algo.{name}"] = Unused("it trains the value network, and algo.critic is false", refuse=False)
         if self.hindsight and not self.goal_filtering:
             unused["algo.goal_filtering_scale"] = Unused("it measures Hindsight Goal Filtering's distances, and "
@@ -209,6 +212,12 @@ def without_instant_successes(data: Relabelled, first: int) -> Relabelled:
                       np.where(instant, 0, data.length), data.success & keep)
 
 
+def ending_at_time_limits(data: Relabelled) -> Relabelled:
+    """``data`` with every copy's last step terminal, those cut by the time limit included."""
+    last = np.arange(data.mask.shape[1])[None, :] == data.length[:, None] - 1
+    return Relabelled(data.source, data.goals, data.mask, data.mask & last, data.length, data.success)
+
+
 def effective_sample_size(weights: torch.Tensor) -> float:
     """Kish's ESS of the importance weights over all ranks' rows, (sum w)^2 / sum w^2: the paper's
     diagnostic of how many of the hindsight rows carry the estimate (11.6k of 320k on FetchPush)."""
@@ -275,6 +284,8 @@ class HindsightAgent(OnPolicyAgent):
         data = relabel(episodes, source, all_goals, self.goal_fns.success, end_at_success=not p.hold_goal)
         if p.drop_instant_successes:
             data = without_instant_successes(data, first=n_original)
+        if not p.bootstrap_time_limit:
+            data = ending_at_time_limits(data)
         batch = self.row_tensors(episodes, data, next_inputs=False)  # learn() rebuilds the inputs
         batch["rewards"] = torch.from_numpy(self.rewards(episodes, data))
         copy, t = data.rows
