@@ -101,3 +101,21 @@ def test_the_pacman_authors_recipe_is_the_screened_lever():
         for key in ("lr_critic", "critic_iters"):
             settings["algo"].pop(key)
     assert screened == recipe
+
+
+def test_early_signals_average_each_span_and_mark_spans_a_run_has_not_reached(tmp_path):
+    early_signals = research_script("early_signals")
+    long, short = tmp_path / "long", tmp_path / "short"
+    fake_run(long, 0, [0.1, 0.2, 0.3, 0.4])  # 10k ... 40k env steps
+    fake_run(short, 1, [0.5])
+    (long / "sweep.json").write_text('{"recipe": "fetch_push_td3", "overrides": ["algo.init=orthogonal", '
+                                     '"train.n_epochs=4"]}')
+    summaries = [early_signals.summarise(run, [20_000, 40_000]) for run in (long, short)]
+    assert summaries[0]["label"] == "fetch_push_td3 algo.init=orthogonal"  # budget keys left out
+    assert [s["test_success"] for s in summaries[0]["spans"]] == [0.15, 0.35]
+    assert [s["complete"] for s in summaries[1]["spans"]] == [False, False]
+    assert summaries[1]["spans"][1]["test_success"] is None  # nothing logged there yet
+    table = early_signals.markdown(summaries, [20_000, 40_000])
+    assert "| fetch_push_td3 algo.init=orthogonal | 40k | 0.00 | 0.15 | 0.00 | 0.35 |" in table
+    assert "0.50*" in table
+    assert early_signals.parse_steps("176k") == 176_000 and early_signals.parse_steps("1M") == 1_000_000

@@ -1,0 +1,147 @@
+"""Early signals of hindsight on-policy runs side by side: what moves long before test success does.
+
+    python experiments/early_signals.py experiments/results/runs/htrpo_push/*/seed0 \
+        runs/sweeps/htrpo_push_levers/*/fetch_push_htrpo/seed0 --spans 80k,176k --name htrpo_push_levers_early
+
+For each run (progress.csv; labelled by its recipe and overrides, budget keys left out): train
+success averaged over env-step spans (on continuous FetchPush the untrained policy's is ~0.06 and a
+policy that only learns to disturb the object falls below it), test success over the same spans,
+and at the span edges the last logged entropy, hindsight copies reaching their goal per iteration
+(copies_reached), the importance weights' effective sample size (ess) and the share of iterations
+whose line search accepted a step. Writes experiments/results/<name>.{md,json,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+from pathlib import Path
+
+BUDGET_KEYS = ("train.n_epochs", "train.max_env_steps", "train.seed")
+SIGNALS = ("entropy", "copies_reached", "ess")
+
+
+def parse_steps(text: str) -> int:
+    """'176k' -> 176000, '1M' -> 1000000, '5000' -> 5000."""
+    scale = {"k": 1_000, "m": 1_000_000}.get(text[-1].lower(), 1)
+    return int(float(text[:-1] if scale > 1 else text) * scale)
+
+
+def label(run: Path) -> str:
+    """The run's recipe and its overrides, without the budget's."""
+    sweep = run / "sweep.json"
+    if not sweep.exists():
+        return run.name
+    info = json.loads(sweep.read_text())
+    overrides = [o for o in info.get("overrides", []) if not o.startswith(BUDGET_KEYS)]
+    return " ".join([info.get("recipe", run.name), *overrides])
+
+
+def read_progress(run: Path) -> list[dict[str, float]]:
+    with open(run / "progress.csv") as f:
+        return [{k: float(v) if v not in ("", None) else math.nan for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def span_mean(rows: list[dict], key: str, low: int, high: int) -> float | None:
+    values = [r[key] for r in rows if low < r["env_steps"] <= high and not math.isnan(r.get(key, math.nan))]
+    return round(sum(values) / len(values), 4) if values else None
+
+
+def last_before(rows: list[dict], key: str, edge: int) -> float | None:
+    values = [r[key] for r in rows if r["env_steps"] <= edge and not math.isnan(r.get(key, math.nan))]
+    return round(values[-1], 4) if values else None
+
+
+def summarise(run: Path, edges: list[int]) -> dict:
+    rows = read_progress(run)
+    if not rows:
+        raise SystemExit(f"early_signals: {run}/progress.csv has no rows yet")
+    reached = max(int(r["env_steps"]) for r in rows)
+    bounds = list(zip([0, *edges], edges))
+    summary = {"run": str(run), "label": label(run), "env_steps": reached, "spans": []}
+    for low, high in bounds:
+        covered = reached >= high
+        accepted = span_mean(rows, "line_search_step", low, high)
+        summary["spans"].append({
+            "span": [low, high], "complete": covered,
+            "train_success": span_mean(rows, "train_success_rate", low, high),
+            "test_success": span_mean(rows, "test_success_rate", low, high),
+            **{f"{k}_at_end": last_before(rows, k, high) for k in SIGNALS},
+            "accepted_share": None if accepted is None else round(sum(
+                1 for r in rows if low < r["env_steps"] <= high and r.get("line_search_step", 0) > 0) /
+                max(1, sum(1 for r in rows if low < r["env_steps"] <= high)), 3),
+        })
+    summary["curve"] = {k: [r.get(k, math.nan) for r in rows] for k in
+                        ("env_steps", "train_success_rate", "test_success_rate", *SIGNALS)}
+    return summary
+
+
+def fmt(value, digits=2) -> str:
+    if value is None:
+        return "–"
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.{digits}f}"
+
+
+def markdown(summaries: list[dict], edges: list[int]) -> str:
+    spans = [f"{low // 1000}k–{high // 1000}k" for low, high in zip([0, *edges], edges)]
+    head = ["run", "env steps"] + [f"{what} {s}" for s in spans for what in ("train", "test")] + \
+        [f"{what} at {spans[-1].split('–')[1]}" for what in ("entropy", "copies reached", "ess")]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in summaries:
+        cells = [s["label"], f"{s['env_steps'] // 1000}k"]
+        for span in s["spans"]:
+            mark = "" if span["complete"] else "*"
+            cells += [fmt(span["train_success"]) + mark, fmt(span["test_success"]) + mark]
+        last = s["spans"][-1]
+        cells += [fmt(last["entropy_at_end"]), fmt(last["copies_reached_at_end"]), fmt(last["ess_at_end"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n\n* the run has not reached the span's end: the mean is over what it has.\n"
+
+
+def plot(summaries: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = ("train_success_rate", "copies_reached", "ess", "entropy")
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.6))
+    for s in summaries:
+        steps = [x / 1000 for x in s["curve"]["env_steps"]]
+        for ax, key in zip(axes, keys):
+            ax.plot(steps, s["curve"][key], label=s["label"], linewidth=1.2)
+    for ax, key in zip(axes, keys):
+        ax.set_title(key.replace("_", " "))
+        ax.set_xlabel("env steps (k)")
+    axes[0].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", type=Path, help="run directories (each with a progress.csv)")
+    parser.add_argument("--spans", default="80k,176k", help="span edges in env steps (default 80k,176k)")
+    parser.add_argument("--name", required=True, help="experiments/results/<name>.{md,json,png}")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    args = parser.parse_args()
+    try:
+        edges = sorted(parse_steps(e) for e in args.spans.split(","))
+    except ValueError:
+        parser.error(f"--spans {args.spans!r}: expected env steps separated by commas, e.g. 80k,176k")
+    for run in args.runs:
+        if not (run / "progress.csv").exists():
+            parser.error(f"{run}: no progress.csv there; expected a run directory")
+    summaries = [summarise(run, edges) for run in args.runs]
+    args.out.mkdir(parents=True, exist_ok=True)
+    table = markdown(summaries, edges)
+    (args.out / f"{args.name}.md").write_text(table)
+    (args.out / f"{args.name}.json").write_text(json.dumps({"spans": edges, "runs": summaries}, indent=1))
+    plot(summaries, args.out / f"{args.name}.png")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
