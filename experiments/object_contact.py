@@ -6,7 +6,9 @@ Before FetchPush's success rate rises, test success only counts the episodes who
 at its goal, so curves of different recipes look alike. This runs each policy's deterministic
 actions on the same episodes and prints, per checkpoint, what it does with the object: the share of
 episodes in which the object moved more than 2 cm, its mean displacement, the median closest
-gripper-object distance, and the object's distance to the goal at the start and at the end.
+gripper-object distance, the object's distance to the goal at the start and at the end, and
+whether a moved object goes towards its goal (mean cosine of its displacement with the direction
+to the goal on the table: 1 towards, 0 unrelated, -1 away).
 With ``--name`` the rows are also saved to experiments/results/NAME.json.
 """
 
@@ -39,11 +41,17 @@ def contact(checkpoint: str, n_episodes: int, seed: int) -> dict:
     gripper, thing = episodes.obs[:, 1:, :3], episodes.obs[:, 1:, 3:6]
     moved = np.linalg.norm(episodes.ag[:, -1] - episodes.ag[:, 0], axis=-1)
     goal = episodes.g[:, -1]
+    # goal-directedness: does a moved object go towards its goal (cosine of its displacement with
+    # the start-to-goal direction, on the table's plane: 1 towards, 0 unrelated, -1 away)
+    displacement, wanted = episodes.ag[:, -1, :2] - episodes.ag[:, 0, :2], goal[:, :2] - episodes.ag[:, 0, :2]
+    cosine = np.sum(displacement * wanted, axis=-1) / np.maximum(
+        np.linalg.norm(displacement, axis=-1) * np.linalg.norm(wanted, axis=-1), 1e-9)
     return {"policy": source, "env": env["id"], "episodes": n_episodes, "success": float(episodes.success.mean()),
             "object_moved_2cm": float(np.mean(moved > 0.02)), "mean_displacement_m": float(np.mean(moved)),
             "median_closest_gripper_object_m": float(np.median(np.linalg.norm(gripper - thing, axis=-1).min(axis=1))),
             "goal_distance_start_m": float(np.mean(np.linalg.norm(episodes.ag[:, 0] - goal, axis=-1))),
-            "goal_distance_end_m": float(np.mean(np.linalg.norm(episodes.ag[:, -1] - goal, axis=-1)))}
+            "goal_distance_end_m": float(np.mean(np.linalg.norm(episodes.ag[:, -1] - goal, axis=-1))),
+            "push_towards_goal_cos": float(np.mean(cosine[moved > 0.02])) if np.any(moved > 0.02) else None}
 
 
 def main() -> None:
