@@ -7,8 +7,8 @@ For each run (progress.csv; labelled by its recipe and overrides, budget keys le
 success averaged over env-step spans (on continuous FetchPush the untrained policy's is ~0.06 and a
 policy that only learns to disturb the object falls below it), test success over the same spans,
 and at the span edges the last logged entropy, hindsight copies reaching their goal per iteration
-(copies_reached), the importance weights' effective sample size (ess) and the share of iterations
-whose line search accepted a step. Writes experiments/results/<name>.{md,json,png}.
+(copies_reached) and the importance weights' effective sample size (ess), each an epoch's mean
+over its iterations. Writes experiments/results/<name>.{md,json,png}.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ SIGNALS = ("entropy", "copies_reached", "ess")
 
 def parse_steps(text: str) -> int:
     """'176k' -> 176000, '1M' -> 1000000, '5000' -> 5000."""
+    if not text:
+        raise ValueError("an empty span edge")
     scale = {"k": 1_000, "m": 1_000_000}.get(text[-1].lower(), 1)
     return int(float(text[:-1] if scale > 1 else text) * scale)
 
@@ -63,15 +65,11 @@ def summarise(run: Path, edges: list[int]) -> dict:
     summary = {"run": str(run), "label": label(run), "env_steps": reached, "spans": []}
     for low, high in bounds:
         covered = reached >= high
-        accepted = span_mean(rows, "line_search_step", low, high)
         summary["spans"].append({
             "span": [low, high], "complete": covered,
             "train_success": span_mean(rows, "train_success_rate", low, high),
             "test_success": span_mean(rows, "test_success_rate", low, high),
             **{f"{k}_at_end": last_before(rows, k, high) for k in SIGNALS},
-            "accepted_share": None if accepted is None else round(sum(
-                1 for r in rows if low < r["env_steps"] <= high and r.get("line_search_step", 0) > 0) /
-                max(1, sum(1 for r in rows if low < r["env_steps"] <= high)), 3),
         })
     summary["curve"] = {k: [r.get(k, math.nan) for r in rows] for k in
                         ("env_steps", "train_success_rate", "test_success_rate", *SIGNALS)}

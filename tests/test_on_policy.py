@@ -603,23 +603,27 @@ def test_the_first_statistics_are_adopted_or_preserved(adopt, monkeypatch):
     assert not torch.equal(first_layer.weight, before)
 
 
-@pytest.mark.parametrize("accept_ratio", [0.0, 0.9])
-def test_line_search_accepts_only_steps_that_deliver_the_asked_share_of_the_predicted_improvement(accept_ratio):
+def test_line_search_accepts_only_steps_that_deliver_the_asked_share_of_the_predicted_improvement():
     from her_mpi.config import load_config
     from her_mpi.envs import env_spec, make_env
     from her_mpi.trainer import build_agent
 
-    # a trust region far too large for the surrogate's linear prediction to hold at the full step
-    config = load_config(None, ["algo=htrpo", "env.id=BitFlipping-v0", "env.kwargs={n_bits: 6}", "algo.hidden=[16]",
-                                "algo.max_kl=1.0", f"algo.line_search_accept_ratio={accept_ratio}"])
-    env = make_env(config.env, seed=0)
-    agent = build_agent(config, env_spec(env, "BitFlipping-v0"), env, np.random.SeedSequence(0))
-    metrics = agent.learn(collect(agent, config, n_episodes=8)[0])
-    k = int(metrics["line_search_step"])
-    assert k >= 1  # accepted: improvement > accept_ratio * the gradient's prediction for that step
-    assert metrics["surrogate_improvement"] > accept_ratio * 0.5 ** (k - 1) * metrics["expected_improvement"]
-    if accept_ratio:
-        assert k > 1  # the full step improved, by less than 90% of its prediction
+    def first_step(accept_ratio):
+        # a trust region far too large for the surrogate's linear prediction to hold at the full step
+        config = load_config(None, ["algo=htrpo", "env.id=BitFlipping-v0", "env.kwargs={n_bits: 6}",
+                                    "algo.hidden=[16]", "algo.max_kl=1.0",
+                                    f"algo.line_search_accept_ratio={accept_ratio}"])
+        env = make_env(config.env, seed=0)
+        agent = build_agent(config, env_spec(env, "BitFlipping-v0"), env, np.random.SeedSequence(0))
+        return agent.learn(collect(agent, config, n_episodes=8)[0])
+
+    steps = {}
+    for accept_ratio in (0.0, 0.9):
+        metrics = first_step(accept_ratio)
+        k = steps[accept_ratio] = int(metrics["line_search_step"])
+        assert k >= 1  # accepted: improvement > accept_ratio * the gradient's prediction for that step
+        assert metrics["surrogate_improvement"] > accept_ratio * 0.5 ** (k - 1) * metrics["expected_improvement"]
+    assert steps[0.0] < steps[0.9]  # the same batch and step: only the asked share made it halve further
 
 
 def measured_htrpo_step(monkeypatch, uniform_policy: bool = False) -> tuple[dict, dict, float]:

@@ -110,5 +110,8 @@ def test_beta_continues_across_a_resume_at_another_schedule():
     assert longer.beta() == pytest.approx(first.beta())  # no jump
     longer.n_updates += longer.beta_horizon() // 4
     assert longer.beta() == pytest.approx(0.4 + 0.6 * 0.75)
+    again = agent(20)  # resumed once more at the new schedule: still no jump back
+    again.load_state_dict(longer.state_dict())
+    assert again.beta() == longer.beta()
     longer.n_updates += longer.beta_horizon()
     assert longer.beta() == 1.0

@@ -327,13 +327,18 @@ class OffPolicyAgent(Agent):
         return replay.beta + (1.0 - replay.beta) * self.beta_progress()
 
     def state_dict(self) -> dict:
-        return super().state_dict() | {"beta_progress": self.beta_progress(), "beta_horizon": self.beta_horizon()}
+        return super().state_dict() | {"beta_progress": self.beta_progress(), "beta_horizon": self.beta_horizon(),
+                                       "beta_resumed_at": list(self.beta_resumed_at)}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        # The same horizon continues n_updates / horizon exactly; another one continues the
-        # progress the checkpoint had reached (beta never jumps on a resume at another rank count).
-        if state.get("beta_horizon", self.beta_horizon()) != self.beta_horizon():
+        # The same horizon continues exactly where the checkpoint was (its own rebase included);
+        # another one continues the progress it had reached: beta never jumps on a resume at
+        # another rank count or length, nor on the resumes after that one.
+        if state.get("beta_horizon", self.beta_horizon()) == self.beta_horizon():
+            progress, updates = state.get("beta_resumed_at", (0.0, 0))
+            self.beta_resumed_at = (float(progress), int(updates))
+        else:
             self.beta_resumed_at = (state["beta_progress"], self.n_updates)
 
     def buffer_state(self) -> dict:

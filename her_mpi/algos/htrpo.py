@@ -148,7 +148,8 @@ class HTRPOParams(HindsightParams):
     line_search_steps: int = setting(10, "backtracking line-search halvings before the step is rejected")
     line_search_accept_ratio: float = setting(
         0.0, "a line-search step is accepted when its improvement is > 0 and > this fraction of the improvement "
-             "the gradient predicts for it (0.1: the authors' code; 0: any improvement)")
+             "the gradient predicts for it (0.1: the authors' code; 0: any improvement; a prediction <= 0, possible "
+             "only with kl: logratio, asks for any improvement)")
     kl: Literal["qkl", "analytic", "logratio"] = setting(
         "qkl", "divergence of the trust region: qkl (the paper's), analytic or logratio")
 
@@ -342,12 +343,13 @@ class HindsightAgent(OnPolicyAgent):
         adopt = p.adopt_first_statistics and self.n_iterations == 0
         if adopt:  # the networks now see normalised inputs; the batch is read as the new policy's
             self.update_normalizers(episodes, goals)
-        batch, data = self.build_batch(episodes, goals)  # the collecting policy's log-probs and weights
-        # Then the normalizers take the batch in, with the networks rewritten to compute the same
-        # functions, and the step is taken in the new statistics (the ones the next batch is
-        # collected with). The importance ratio divides by the collecting policy; the trust region
-        # is anchored at the policy the step starts from: the same policy, up to inputs beyond the
-        # normalizer's clip range.
+        # The log-probs and weights of the policy that collected the batch (with ``adopt``: of the
+        # re-normalised one). Then the normalizers take the batch in, with the networks rewritten to
+        # compute the same functions, and the step is taken in the new statistics (the ones the next
+        # batch is collected with). The importance ratio divides by the collecting policy; the trust
+        # region is anchored at the policy the step starts from: the same policy, up to inputs
+        # beyond the normalizer's clip range.
+        batch, data = self.build_batch(episodes, goals)
         if not adopt:
             self.update_normalizers_preserving(episodes, goals)
         batch.update(self.row_tensors(episodes, data, next_inputs=p.critic))

@@ -193,7 +193,8 @@ class OnPolicyAgent(Agent):
 
     def update_normalizers(self, episodes: Episodes, extra_goals: np.ndarray | None = None) -> None:
         """Statistics of the observations and of every goal the policy will be conditioned on
-        (collective). Called once the collecting policy's log-probabilities are taken."""
+        (collective). Called once the collecting policy's log-probabilities are taken (HTRPO's
+        adopt_first_statistics calls it before, on its first batch)."""
         valid = np.arange(episodes.obs.shape[1])[None, :] <= episodes.lengths[:, None]
         goals = [episodes.g[valid], episodes.ag[valid]]
         if extra_goals is not None and len(extra_goals):
