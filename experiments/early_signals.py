@@ -14,21 +14,16 @@ over its iterations. Writes experiments/results/<name>.{md,json,png}.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 from pathlib import Path
 
+from common import progress
+
+from her_mpi.plot import parse_span_edges
+
 BUDGET_KEYS = ("train.n_epochs", "train.max_env_steps", "train.seed")
 SIGNALS = ("entropy", "copies_reached", "ess")
-
-
-def parse_steps(text: str) -> int:
-    """'176k' -> 176000, '1M' -> 1000000, '5000' -> 5000."""
-    if not text:
-        raise ValueError("an empty span edge")
-    scale = {"k": 1_000, "m": 1_000_000}.get(text[-1].lower(), 1)
-    return int(float(text[:-1] if scale > 1 else text) * scale)
 
 
 def label(run: Path) -> str:
@@ -41,23 +36,18 @@ def label(run: Path) -> str:
     return " ".join([info.get("recipe", run.name), *overrides])
 
 
-def read_progress(run: Path) -> list[dict[str, float]]:
-    with open(run / "progress.csv") as f:
-        return [{k: float(v) if v not in ("", None) else math.nan for k, v in row.items()} for row in csv.DictReader(f)]
-
-
 def span_mean(rows: list[dict], key: str, low: int, high: int) -> float | None:
-    values = [r[key] for r in rows if low < r["env_steps"] <= high and not math.isnan(r.get(key, math.nan))]
+    values = [r[key] for r in rows if low < r["env_steps"] <= high and r.get(key) is not None]
     return round(sum(values) / len(values), 4) if values else None
 
 
 def last_before(rows: list[dict], key: str, edge: int) -> float | None:
-    values = [r[key] for r in rows if r["env_steps"] <= edge and not math.isnan(r.get(key, math.nan))]
+    values = [r[key] for r in rows if r["env_steps"] <= edge and r.get(key) is not None]
     return round(values[-1], 4) if values else None
 
 
 def summarise(run: Path, edges: list[int]) -> dict:
-    rows = read_progress(run)
+    rows = progress(run)
     if not rows:
         raise SystemExit(f"early_signals: {run}/progress.csv has no rows yet")
     reached = max(int(r["env_steps"]) for r in rows)
@@ -71,7 +61,7 @@ def summarise(run: Path, edges: list[int]) -> dict:
             "test_success": span_mean(rows, "test_success_rate", low, high),
             **{f"{k}_at_end": last_before(rows, k, high) for k in SIGNALS},
         })
-    summary["curve"] = {k: [r.get(k, math.nan) for r in rows] for k in
+    summary["curve"] = {k: [math.nan if r.get(k) is None else r[k] for r in rows] for k in
                         ("env_steps", "train_success_rate", "test_success_rate", *SIGNALS)}
     return summary
 
@@ -121,14 +111,12 @@ def plot(summaries: list[dict], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="run directories (each with a progress.csv)")
-    parser.add_argument("--spans", default="80k,176k", help="span edges in env steps (default 80k,176k)")
+    parser.add_argument("--spans", type=parse_span_edges, default=(80_000, 176_000),
+                        help="span edges in env steps (default 80k,176k)")
     parser.add_argument("--name", required=True, help="experiments/results/<name>.{md,json,png}")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     args = parser.parse_args()
-    try:
-        edges = sorted(parse_steps(e) for e in args.spans.split(","))
-    except ValueError:
-        parser.error(f"--spans {args.spans!r}: expected env steps separated by commas, e.g. 80k,176k")
+    edges = list(args.spans)
     for run in args.runs:
         if not (run / "progress.csv").exists():
             parser.error(f"{run}: no progress.csv there; expected a run directory")
