@@ -315,11 +315,12 @@ class OffPolicyAgent(Agent):
         replay, train = self.config.replay, self.config.train
         return replay.beta_anneal_updates or max(1, train.n_epochs * train.n_cycles * self.n_batches)
 
-    def beta_progress(self) -> float:
-        """How far beta's annealing has come, in [0, 1]: n_updates / horizon, continued from where a
-        checkpoint written at another horizon (another rank count, another n_epochs) left it."""
-        progress = self.beta_resumed_at[0] + (self.n_updates - self.beta_resumed_at[1]) / self.beta_horizon()
-        return min(1.0, progress)
+    def beta_progress(self, horizon: int | None = None) -> float:
+        """How far beta's annealing has come, in [0, 1]: n_updates / horizon (this run's unless
+        given), continued from where a checkpoint written at another horizon (another rank count,
+        another n_epochs) left it."""
+        progress, updates = self.beta_resumed_at
+        return min(1.0, progress + (self.n_updates - updates) / (horizon or self.beta_horizon()))
 
     def beta(self) -> float:
         """Importance-weight exponent, annealed linearly from replay.beta to 1."""
@@ -327,19 +328,18 @@ class OffPolicyAgent(Agent):
         return replay.beta + (1.0 - replay.beta) * self.beta_progress()
 
     def state_dict(self) -> dict:
-        return super().state_dict() | {"beta_progress": self.beta_progress(), "beta_horizon": self.beta_horizon(),
-                                       "beta_resumed_at": list(self.beta_resumed_at)}
+        return super().state_dict() | {"beta_horizon": self.beta_horizon(), "beta_resumed_at": list(self.beta_resumed_at)}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         # The same horizon continues exactly where the checkpoint was (its own rebase included);
         # another one continues the progress it had reached: beta never jumps on a resume at
         # another rank count or length, nor on the resumes after that one.
-        if state.get("beta_horizon", self.beta_horizon()) == self.beta_horizon():
-            progress, updates = state.get("beta_resumed_at", (0.0, 0))
-            self.beta_resumed_at = (float(progress), int(updates))
-        else:
-            self.beta_resumed_at = (state["beta_progress"], self.n_updates)
+        progress, updates = state.get("beta_resumed_at", (0.0, 0))
+        self.beta_resumed_at = (float(progress), int(updates))
+        saved_horizon = state.get("beta_horizon", self.beta_horizon())
+        if saved_horizon != self.beta_horizon():
+            self.beta_resumed_at = (self.beta_progress(saved_horizon), self.n_updates)
 
     def buffer_state(self) -> dict:
         return self.buffer.state_dict()
