@@ -45,6 +45,7 @@
 #     RECIPES=predator_prey_sac_her SEEDS=0 experiments/tables.sh predator_prey_sac  # ... one recipe, one seed
 #     SEEDS="3" experiments/tables.sh push_updates   # DDPG+KFAC on Push at 400k: the baselines schedule vs twice the updates
 #     experiments/tables.sh robotics_updates  # DDPG+KFAC with twice the updates on PickAndPlace, Slide (600k), HandReach (500k)
+#     RECIPES=hand_reach_ddpg_kfac SEEDS="1 2" experiments/tables.sh robotics_updates  # ... one task, more seeds
 #     experiments/tables.sh push_ranks      # the Push recipe (n_batches 80) at np 1, 2, 4, 8, 3 seeds each, 400k: how -np changes learning
 #     experiments/tables.sh push_ranks_scheduled  # ... at np 8 with train.schedule_ranks=2 (the 2-rank updates per env step), 3 seeds
 #     EPOCHS=20 experiments/tables.sh htrpo_slide  # HTRPO FetchSlideDiscrete and continuous FetchSlide, the authors' configs, 2M steps
@@ -290,14 +291,16 @@ push_updates)  # DDPG+KFAC on FetchPush: twice the baselines' replayed samples p
         sweep push_screen_base --config fetch_push_ddpg_kfac --seeds "$seed" --set train.max_env_steps=400000 \
             --set train.n_epochs=40
     done ;;
-robotics_updates)  # DDPG+KFAC with n_batches 80 on the other robotics tasks
+robotics_updates)  # DDPG+KFAC with n_batches 80 on the other robotics tasks; RECIPES picks some (default all three)
+    declare -A budget=([fetch_pick_and_place_ddpg_kfac]=600000 [fetch_slide_ddpg_kfac]=600000 [hand_reach_ddpg_kfac]=500000)
+    for name in ${RECIPES:-fetch_pick_and_place_ddpg_kfac fetch_slide_ddpg_kfac hand_reach_ddpg_kfac}; do
+        [ -n "${budget[$name]+set}" ] || { echo "experiments/tables.sh: RECIPES has '$name', expected some of: ${!budget[*]}" >&2; exit 2; }
+    done
     for seed in ${SEEDS:-0}; do
-        for recipe in fetch_pick_and_place_ddpg_kfac fetch_slide_ddpg_kfac; do
+        for recipe in ${RECIPES:-fetch_pick_and_place_ddpg_kfac fetch_slide_ddpg_kfac hand_reach_ddpg_kfac}; do
             sweep robotics_nb80 --config "$recipe" --seeds "$seed" --set train.n_batches=80 \
-                --set train.max_env_steps=600000 --set train.n_epochs=60
+                --set train.max_env_steps=${budget[$recipe]} --set train.n_epochs=$((budget[$recipe] / 10000))
         done
-        sweep robotics_nb80 --config hand_reach_ddpg_kfac --seeds "$seed" --set train.n_batches=80 \
-            --set train.max_env_steps=500000 --set train.n_epochs=50
     done ;;
 push_ranks)  # the Push recipe with twice the updates at 1, 2, 4 and 8 ranks, the same env-step budget and ~10k
     # steps per epoch (n_cycles 100/np: 9.6k at np 8; ranks beyond the cores are slower, not different); seeds outermost
