@@ -88,9 +88,14 @@ def format_value(value) -> str:
     return str(value)
 
 
-def progress_line(row: dict, n_epochs: int, epoch_seconds: float, eta_seconds: float) -> str:
-    return (f"epoch {row['epoch'] + 1}/{n_epochs} | test success {row['test_success_rate']:.3f} | "
-            f"train success {row['train_success_rate']:.3f} | env steps {row['env_steps']:,} total, "
+def progress_line(row: dict, n_epochs: int, epoch_seconds: float, eta_seconds: float,
+                  max_env_steps: int | None = None) -> str:
+    """One line per epoch; with a budget in env steps the epoch count is only a cap, so the
+    steps show against that budget instead."""
+    epoch = f"epoch {row['epoch'] + 1}" if max_env_steps else f"epoch {row['epoch'] + 1}/{n_epochs}"
+    budget = f"/{max_env_steps:,}" if max_env_steps else ""
+    return (f"{epoch} | test success {row['test_success_rate']:.3f} | "
+            f"train success {row['train_success_rate']:.3f} | env steps {row['env_steps']:,}{budget} total, "
             f"{row['env_steps_per_rank']:,}/rank x {row['n_ranks']} ranks | "
             f"{row['steps_per_s']:,.0f} steps/s | epoch {epoch_seconds:.1f}s | ETA {format_duration(eta_seconds)}")
 

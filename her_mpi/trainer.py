@@ -246,7 +246,7 @@ class Trainer(HaltAgreement, ResumableState):
                     epochs_left = min(epochs_left, max(train.max_env_steps - row["env_steps"], 0)
                                       * (epoch + 1) / max(row["env_steps"], 1))
                 remaining = epochs_left * float(np.median(self.epoch_times[-5:]))
-                print(progress_line(row, train.n_epochs, self.epoch_times[-1], remaining), flush=True)
+                print(progress_line(row, train.n_epochs, self.epoch_times[-1], remaining, train.max_env_steps), flush=True)
             if self.video is not None and self.video.due(epoch):  # rank 0 only, no collective
                 mpi.set_phase(f"video (epoch {epoch + 1})")
                 print(self.video.record(self.agent, epoch, row["env_steps"], self.logger.writer), flush=True)

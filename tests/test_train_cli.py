@@ -10,6 +10,7 @@ import torch
 from her_mpi.checkpoint import load_checkpoint
 from her_mpi.config import config_from_dict
 from her_mpi.envs import EnvSpec
+from her_mpi.logger import progress_line
 from her_mpi.trainer import agent_from_checkpoint, build_agent
 
 from conftest import PROGRAMS, TINY, describe, read_progress, run_mpi, run_python
@@ -71,6 +72,16 @@ def test_progress_line_per_epoch(finished_run):
     assert len(lines) == 2
     for part in ("test success", "env steps", "/rank x 2 ranks", "steps/s", "ETA"):
         assert part in lines[-1]
+
+
+def test_progress_line_shows_a_budget_in_env_steps():
+    """With train.max_env_steps the epoch count is only a cap: the line shows the steps against the budget."""
+    row = {"epoch": 2, "test_success_rate": 0.5, "train_success_rate": 0.25, "env_steps": 30000,
+           "env_steps_per_rank": 15000, "n_ranks": 2, "steps_per_s": 100.0}
+    by_epochs = progress_line(row, 50, 10.0, 60.0)
+    by_steps = progress_line(row, 1000, 10.0, 60.0, max_env_steps=400000)
+    assert by_epochs.startswith("epoch 3/50 |") and "env steps 30,000 total" in by_epochs
+    assert by_steps.startswith("epoch 3 |") and "env steps 30,000/400,000 total" in by_steps
 
 
 def test_checkpoint_holds_what_resuming_needs(finished_run):
