@@ -626,16 +626,19 @@ def test_line_search_accepts_only_steps_that_deliver_the_asked_share_of_the_pred
     assert steps[0.0] < steps[0.9]  # the same batch and step: only the asked share made it halve further
 
 
-def measured_htrpo_step(monkeypatch, uniform_policy: bool = False) -> tuple[dict, dict, float]:
-    """An HTRPO agent on 6 bits: HTRPO.gradient_measures on learn()'s hindsight batch, taken just
-    before the real step on that batch, the step's metrics, and the agent's max_kl."""
+BITS_6 = ("env.id=BitFlipping-v0", "env.kwargs={n_bits: 6}")
+
+
+def measured_htrpo_step(monkeypatch, uniform_policy: bool = False, env=BITS_6) -> tuple[dict, dict, float]:
+    """An HTRPO agent (on 6 bits unless ``env`` says otherwise): HTRPO.gradient_measures on learn()'s
+    hindsight batch, taken just before the real step on that batch, the step's metrics, and the agent's max_kl."""
     from her_mpi.config import load_config
     from her_mpi.envs import env_spec, make_env
     from her_mpi.trainer import build_agent
 
-    config = load_config(None, ["algo=htrpo", "env.id=BitFlipping-v0", "env.kwargs={n_bits: 6}", "algo.hidden=[16]"])
+    config = load_config(None, ["algo=htrpo", *env, "algo.hidden=[16]"])
     env = make_env(config.env, seed=0)
-    agent = build_agent(config, env_spec(env, "BitFlipping-v0"), env, np.random.SeedSequence(0))
+    agent = build_agent(config, env_spec(env, config.env.id), env, np.random.SeedSequence(0))
     if uniform_policy:  # zero logits: every action equally likely, the entropy at its maximum
         last = [m for m in agent.policy_net.modules() if isinstance(m, torch.nn.Linear)][-1]
         with torch.no_grad():
@@ -679,6 +682,13 @@ def test_entropy_gradient_diagnostic_measures_in_the_steps_own_fisher_metric(mon
     # the trust-region step s = sqrt(2 max_kl / d.Fd) d with d = F^-1 g, so g.s = sqrt(2 max_kl) |g|_F
     np.testing.assert_allclose(metrics["expected_improvement"],
                                math.sqrt(2 * max_kl) * measures["fisher_norm_surrogate"], rtol=1e-3)
+
+
+def test_entropy_gradient_diagnostic_on_a_gaussian_policy(monkeypatch):
+    """A Gaussian's entropy depends on its log-std only: the other parameters' gradient is zero, not an error."""
+    measures, _, _ = measured_htrpo_step(monkeypatch, env=("env.id=PredatorPrey-v0", "env.kwargs={dims: 2}"))
+    assert measures["fisher_norm_entropy"] > 0 and measures["fisher_norm_surrogate"] > 0
+    assert -1 <= measures["fisher_cosine"] <= 1
 
 
 def test_entropy_gradient_vanishes_at_the_uniform_policy(monkeypatch):

@@ -444,7 +444,8 @@ class HTRPO(HindsightAgent):
         self.policy_flat = FlatParameters(self.policy_net)
 
     def global_gradient(self, value: torch.Tensor, create_graph: bool = False) -> torch.Tensor:
-        grads = torch.autograd.grad(value, self.policy_flat.params, create_graph=create_graph)
+        # zeros for parameters ``value`` does not use (a Gaussian's entropy uses only its log-std)
+        grads = torch.autograd.grad(value, self.policy_flat.params, create_graph=create_graph, materialize_grads=True)
         return torch.cat([g.reshape(-1) for g in grads])
 
     def fisher_vector_product(self, batch, rows: torch.Tensor | None = None):
