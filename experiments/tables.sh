@@ -293,11 +293,12 @@ push_updates)  # DDPG+KFAC on FetchPush: twice the baselines' replayed samples p
     done ;;
 robotics_updates)  # DDPG+KFAC with n_batches 80 on the other robotics tasks; RECIPES picks some (default all three)
     declare -A budget=([fetch_pick_and_place_ddpg_kfac]=600000 [fetch_slide_ddpg_kfac]=600000 [hand_reach_ddpg_kfac]=500000)
-    for name in ${RECIPES:-fetch_pick_and_place_ddpg_kfac fetch_slide_ddpg_kfac hand_reach_ddpg_kfac}; do
+    recipes="${RECIPES:-fetch_pick_and_place_ddpg_kfac fetch_slide_ddpg_kfac hand_reach_ddpg_kfac}"
+    for name in $recipes; do
         [ -n "${budget[$name]+set}" ] || { echo "experiments/tables.sh: RECIPES has '$name', expected some of: ${!budget[*]}" >&2; exit 2; }
     done
     for seed in ${SEEDS:-0}; do
-        for recipe in ${RECIPES:-fetch_pick_and_place_ddpg_kfac fetch_slide_ddpg_kfac hand_reach_ddpg_kfac}; do
+        for recipe in $recipes; do
             sweep robotics_nb80 --config "$recipe" --seeds "$seed" --set train.n_batches=80 \
                 --set train.max_env_steps=${budget[$recipe]} --set train.n_epochs=$((budget[$recipe] / 10000))
         done
