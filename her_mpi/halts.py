@@ -22,7 +22,12 @@ class TrainingHalted(Exception):
 
 
 class Preempted(TrainingHalted):
-    """A stop signal: the checkpoint of the last finished cycle is written; ``--resume`` continues."""
+    """A stop signal: the checkpoint of the last finished cycle is written; ``--resume`` continues.
+    ``signals``: the names of the signals the ranks received (``SIGTERM``, ``SIGUSR1``, ...)."""
+
+    def __init__(self, message: str, signals=()):
+        super().__init__(message)
+        self.signals = tuple(signals)
 
 
 class NonFiniteError(TrainingHalted):
@@ -49,6 +54,7 @@ class HaltAgreement:
             raise NonFiniteError(self._non_finite_message(what + where, epoch, cycle))
         if flags[0] and self.preempted_by is None:
             names = mpi.allgather_object(self.signals.received)
+            self.preempted_signals = sorted({n for n in names if n})
             self.preempted_by = ", ".join(sorted({f"{n} on rank {r}" for r, n in enumerate(names) if n}))
         return bool(flags[0])
 

@@ -12,7 +12,9 @@ run's final record by ``--grace`` seconds, and exits with the record's status:
 * 0 finished; 1 crashed; 2 bad input; 3 non-finite; 4 a write failed; 5 hung (a rank stopped
   answering); 75 stopped by a signal with a checkpoint;
 * 6 lost: the job ended while the record still said ``running`` (a lost host or rank, a killed
-  job), whatever mpirun's own status; the record is rewritten to say so.
+  job), whatever mpirun's own status; or the ranks were stopped by a SIGTERM or SIGINT this
+  supervisor did not pass on (mpirun's own teardown when it loses a host's daemon: the ranks
+  checkpoint, but nobody asked them to stop). The record is rewritten to say so.
 
 After 5, 6 and 75, ``--resume RUN_DIR`` continues from the last checkpoint. ``her_mpi.sweep`` and
 ``launch/slurm_train.sbatch`` run their jobs through this supervisor. The training command must
@@ -71,6 +73,7 @@ class Supervisor:
         self.started_at = 0.0
         self.record_final_since: float | None = None  # when the record first said the run ended
         self.ended_launcher = False
+        self.stop_requests: set[str] = set()  # the stop signals this supervisor received to pass on
 
     def start(self) -> "Supervisor":
         self.started_at = time.time()
@@ -79,6 +82,11 @@ class Supervisor:
         return self
 
     def send(self, signum: int) -> None:
+        """Pass a stop request (SIGINT, SIGTERM, SIGUSR1) on to the launcher."""
+        self.stop_requests.add(signal.Signals(signum).name)
+        self._signal_launcher(signum)
+
+    def _signal_launcher(self, signum: int) -> None:
         if self.process is not None and self.process.poll() is None:
             try:
                 self.process.send_signal(signum)
@@ -90,10 +98,28 @@ class Supervisor:
         if self.process.poll() is None:
             self._end_launcher_that_outlives_its_run()
             return None
-        result = run_status.verdict(self.run_dir, self.process.returncode, started_after=self.started_at)
+        result = self._unrequested_stop_is_lost(
+            run_status.verdict(self.run_dir, self.process.returncode, started_after=self.started_at))
         if result.state == "lost" and run_status.read(self.run_dir) is not None:
             run_status.write(self.run_dir, "lost", result.message, launcher_exit_status=self.process.returncode)
         return result
+
+    def _unrequested_stop_is_lost(self, result: run_status.Verdict) -> run_status.Verdict:
+        """A "stopped" record although this supervisor passed on no stop signal and no rank got
+        SIGUSR1 (the deliberate "checkpoint and stop", which mpirun never sends by itself): mpirun
+        ended the ranks with SIGTERM because it lost a host's daemon or launcher connection. That is
+        a lost host (6: requeued a bounded number of times), not a stop a user or scheduler asked
+        for (75: always requeued)."""
+        if result.state != "stopped" or self.stop_requests:
+            return result
+        record = run_status.read(self.run_dir) or {}
+        if "SIGUSR1" in record.get("signals", ["SIGUSR1"]):  # a record without the list: keep its word
+            return result
+        return run_status.Verdict(
+            "lost", run_status.EXIT_LOST,
+            f"the ranks were stopped by a signal her_mpi.launch did not pass on (launcher exit status "
+            f"{self.process.returncode}): mpirun ends every rank so when it loses a host's daemon or its "
+            f"launcher connection; {result.message}")
 
     def _end_launcher_that_outlives_its_run(self) -> None:
         """A record that says the run ended (hung, crashed, ...) while the launcher still runs after
@@ -112,7 +138,7 @@ class Supervisor:
             print(f"her_mpi.launch: the run ended ({record['state']}) but the launcher is still running "
                   f"after {self.grace_s:g} s (a frozen host?); ending it", file=sys.stderr, flush=True)
             for _ in range(2):
-                self.send(signal.SIGINT)
+                self._signal_launcher(signal.SIGINT)
                 time.sleep(1.0)
             try:
                 self.process.wait(timeout=10)

@@ -20,7 +20,8 @@ crashed    1    a rank raised (its traceback is printed) and the job was aborted
 non_finite 3    a non-finite loss, gradient or parameter; no checkpoint was written from it
 write_failed 4  a checkpoint, replay or log file could not be written
 lost       6    (the launcher's verdict) the job ended while the record said ``running``: a host or a
-                rank was lost, or the job was killed
+                rank was lost, or the job was killed; or mpirun stopped the ranks by itself (a
+                ``stopped`` record with no stop request behind it: it lost a host's daemon)
 ========== ==== ==========================================================================================
 
 Bad input (exit 2) is reported before training starts and leaves no record. Every state but

@@ -265,6 +265,7 @@ def train_until_done(trainer, signals: StopSignals, run: RunRecord) -> int:
     run record says how the run ended. "finished" only once every rank has come back from training."""
     from her_mpi.trainer import CheckpointFailed, NonFiniteError, Preempted
 
+    details = {}
     try:
         row = trainer.run(signals)
         mpi.barrier()  # every rank is done: only now may the record say so
@@ -273,13 +274,14 @@ def train_until_done(trainer, signals: StopSignals, run: RunRecord) -> int:
         return EXIT_OK
     except Preempted as exc:
         message, status, state = f"her_mpi.train: {exc}", EXIT_PREEMPTED, "stopped"
+        details = {"signals": list(exc.signals)}
     except NonFiniteError as exc:
         message, status, state = f"her_mpi.train: error: {exc}", EXIT_NON_FINITE, "non_finite"
     except CheckpointFailed as exc:
         message, status, state = f"her_mpi.train: error: {exc}", EXIT_WRITE_FAILED, "write_failed"
     if mpi.is_root():
         print(message, file=sys.stderr, flush=True)
-        run.write(state, str(message).split(": ", 1)[-1].removeprefix("error: "))
+        run.write(state, str(message).split(": ", 1)[-1].removeprefix("error: "), **details)
     mpi.barrier()  # nobody exits (mpirun then stops the others) before every rank is done
     return status
 

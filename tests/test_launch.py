@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -75,3 +76,40 @@ def test_a_launcher_that_says_0_for_an_unfinished_run_is_reported_lost(tmp_path)
     assert result.returncode == 6, result.stderr
     assert "lost (exit 6; launcher exit 0)" in result.stderr
     assert json.loads(run_status.record_path(tmp_path).read_text())["state"] == "lost"
+
+
+@pytest.mark.parametrize("signals, state, status", [(["SIGTERM"], "lost", 6), (["SIGUSR1"], "stopped", 75),
+                                                    (["SIGTERM", "SIGUSR1"], "stopped", 75)])
+def test_a_stop_nobody_asked_for_is_a_lost_host(tmp_path, signals, state, status):
+    # mpirun that loses a host's daemon ends every rank with SIGTERM, and they may checkpoint in time:
+    # a "stopped" record that no stop request passed through this supervisor is a lost host
+    script = (f"from her_mpi import run_status; run_status.write({str(tmp_path)!r}, 'stopped', 'stopped by it', "
+              f"signals={signals!r})")
+    result = launch("--", sys.executable, "-c", script, "--run-dir", tmp_path)
+    assert result.returncode == status, result.stderr
+    assert json.loads(run_status.record_path(tmp_path).read_text())["state"] == state
+    if state == "lost":
+        assert "a signal her_mpi.launch did not pass on (launcher exit status 0)" in result.stderr
+        assert "stopped by it" in result.stderr
+
+
+def test_a_stop_passed_on_by_the_supervisor_stays_a_stop(tmp_path):
+    script = f"""
+import signal, sys, time
+from her_mpi import run_status
+def stop(signum, frame):
+    run_status.write({str(tmp_path)!r}, "stopped", "stopped by SIGTERM", signals=["SIGTERM"])
+    sys.exit(75)
+signal.signal(signal.SIGTERM, stop)
+run_status.write({str(tmp_path)!r}, "running", "training")
+time.sleep(60)
+"""
+    job = subprocess.Popen([sys.executable, "-m", "her_mpi.launch", "--", sys.executable, "-c", script,
+                            "--run-dir", str(tmp_path)], stderr=subprocess.PIPE, text=True, env=mpi_env(), cwd=ROOT)
+    deadline = time.monotonic() + 30
+    while run_status.read(tmp_path) is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    job.send_signal(signal.SIGTERM)
+    _, stderr = job.communicate(timeout=30)
+    assert job.returncode == 75, stderr
+    assert run_status.read(tmp_path)["state"] == "stopped"

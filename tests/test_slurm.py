@@ -112,11 +112,13 @@ def test_preemption_with_the_user_signal_checkpoints_and_requeues(tmp_path, work
 
 @pytest.mark.slow
 def test_the_time_limit_stops_with_a_checkpoint_and_requeues(tmp_path, work):
-    # SIGUSR1 60 s before a 2-minute limit; SLURM may send it up to 60 s early, so within the first
-    # minute, before 150 epochs are done. Once requeued, the test (as an admin would) lifts the limit
-    # so that the second start can finish.
+    # Once training runs, the limit drops to 1 minute: SIGUSR1 is due 60 s before it, i.e. at once, and
+    # slurmctld sends it at its next time-limit check (every 30 s), long before 300 epochs are done.
+    # Once requeued, the test (as an admin would) lifts the limit so that the second start can finish.
     with Slurm(tmp_path / "slurm", extra=PARTITION) as slurm:
-        job, run_dir = submit(slurm, work, 150, "--time=2", "--signal=B:USR1@60")
+        job, run_dir = submit(slurm, work, 300, "--signal=B:USR1@60")
+        wait_for_epochs(run_dir, 2)
+        slurm.command(["scontrol", "update", f"JobId={job}", "TimeLimit=1"])
         deadline = time.monotonic() + 300
         while slurm.job(job).get("Restarts", "0") == "0":
             assert time.monotonic() < deadline and slurm.job(job)["JobState"] not in ENDED, slurm.job(job)
@@ -126,4 +128,4 @@ def test_the_time_limit_stops_with_a_checkpoint_and_requeues(tmp_path, work):
     log = log_of(work, job)
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", log
     assert "stopped by SIGUSR1" in log and "requeueing" in log
-    assert epochs(run_dir) == list(range(150))
+    assert epochs(run_dir) == list(range(300))

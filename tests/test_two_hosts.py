@@ -127,10 +127,12 @@ def test_a_lost_launcher_connection_is_not_taken_for_a_finished_run(cluster, tmp
     os.kill(cluster.agent_pid("node-b"), signal.SIGKILL)  # the "ssh" to node-b dies; node-b itself lives on
     finish(job, timeout=60)
     log = (tmp_path / "job.log").read_text()
+    # lost whether the ranks died with their daemon or checkpointed on mpirun's SIGTERM in time: nobody
+    # asked them to stop
     assert job.returncode == 6, log
     assert record(run_dir)["state"] == "lost", log
-    assert len(read_progress(run_dir)) < 100
-    assert not left_behind(cluster, "node-a", "node-b"), "a rank outlived its job"
+    assert len(read_progress(run_dir)) < 100, log
+    assert not left_behind(cluster, "node-a", "node-b"), f"a rank outlived its job\n{log}"
 
 
 def test_a_frozen_host_ends_the_job_by_itself_naming_the_silent_rank(cluster, tmp_path):
