@@ -85,7 +85,9 @@ class HaltAgreement:
         after = f"epoch {epoch + 2}, cycle {cycle}" if cycle else f"epoch {epoch + 1}"
         return f"the last good checkpoint, {self.checkpoint_dir / 'latest.pt'} (after {after}), is unchanged"
 
-    def _preempted_message(self, epoch: int, cycle: int) -> str:
+    def _preempted(self, epoch: int, cycle: int) -> Preempted:
+        """The halt to raise once the stop's checkpoint is written (resuming at ``epoch``, ``cycle``)."""
         where = f"epoch {epoch + 1}, cycle {cycle}/{self.config.train.n_cycles}" if cycle else f"epoch {epoch + 1}"
-        return (f"stopped by {self.preempted_by}: wrote {self.checkpoint_dir / 'latest.pt'} after the last "
-                f"finished cycle; continue exactly with --resume {self.run_dir} (from {where})")
+        return Preempted(f"stopped by {self.preempted_by}: wrote {self.checkpoint_dir / 'latest.pt'} after the last "
+                         f"finished cycle; continue exactly with --resume {self.run_dir} (from {where})",
+                         self.preempted_signals)

@@ -228,7 +228,7 @@ class Trainer(HaltAgreement, ResumableState):
                     and progress.cycles_done < train.n_cycles:
                 progress.elapsed_s = time.perf_counter() - start
                 self._save(epoch - 1, progress=progress)
-                raise Preempted(self._preempted_message(epoch, progress.cycles_done), self.preempted_signals)
+                raise self._preempted(epoch, progress.cycles_done)
         tick = time.perf_counter()
         mpi.set_phase(f"evaluate (epoch {epoch + 1})")
         test = evaluate(self.agent, self.test_worker, self.test_episodes_per_rank) \
@@ -252,7 +252,7 @@ class Trainer(HaltAgreement, ResumableState):
                 mpi.set_phase(f"video (epoch {epoch + 1})")
                 print(self.video.record(self.agent, epoch, row["env_steps"], self.logger.writer), flush=True)
         if self.preempted_by is not None and epoch + 1 < train.n_epochs:
-            raise Preempted(self._preempted_message(epoch + 1, 0), self.preempted_signals)
+            raise self._preempted(epoch + 1, 0)
         return row
 
     def _behaviour(self):
