@@ -603,6 +603,27 @@ def test_the_first_statistics_are_adopted_or_preserved(adopt, monkeypatch):
     assert not torch.equal(first_layer.weight, before)
 
 
+def test_lagged_statistics_are_taken_in_after_the_step_and_leave_the_networks_as_they_are(monkeypatch):
+    """statistics=lagged (the authors' code): the step is taken in the statistics the batch was
+    collected with (its log-probabilities are the collecting policy's); the batch's statistics
+    arrive afterwards, and only the optimiser changes the weights."""
+    agent, config = predator_prey_agent("htrpo", "algo.statistics=lagged", dims=2)
+    agent.learn(collect(agent, config)[0])  # a first iteration: statistics away from their initial values
+    episodes, collecting = collect(agent, config)
+    first_layer = next(m for m in agent.policy_net.modules() if isinstance(m, torch.nn.Linear))
+    before = first_layer.weight.detach().clone()
+    count = agent.inputs.obs_normalizer.total[-1].copy()
+    seen = {}
+    monkeypatch.setattr(agent, "policy_step", lambda batch: seen.update(
+        count=agent.inputs.obs_normalizer.total[-1].copy(), **batch) or {})
+    agent.learn(episodes)
+    assert seen["count"] == count  # the step saw the statistics the batch was collected with
+    assert agent.inputs.obs_normalizer.total[-1] > count  # ... which took the batch in after it
+    n_original = int(episodes.lengths.sum())
+    np.testing.assert_allclose(seen["old_log_prob"][:n_original].numpy(), collecting, rtol=1e-5, atol=1e-5)
+    assert torch.equal(first_layer.weight, before)  # no step was taken (patched), and nothing rewrote them
+
+
 def test_line_search_accepts_only_steps_that_deliver_the_asked_share_of_the_predicted_improvement():
     from her_mpi.config import load_config
     from her_mpi.envs import env_spec, make_env

@@ -86,6 +86,12 @@ class HindsightParams(OnPolicyParams):
                "networks act on normalised inputs as their initialisation assumes (the authors' code); that "
                "iteration's probabilities are then those of the re-normalised policy. false: every normalizer "
                "update keeps the networks' functions, the first included")
+    statistics: Literal["preserving", "lagged"] = setting(
+        "preserving", "when the input normalizers take in a batch: before the step, the networks rewritten to "
+                      "compute the same functions (preserving: the trust region sees every change of the policy), "
+                      "or after the step and the critic's fit, the networks untouched (lagged, the authors' code: "
+                      "the step is taken in the statistics the batch was collected with, and the next batch is "
+                      "collected by the same weights on re-normalised inputs, a change no trust region measures)")
     critic: bool = setting(True, "learn V(s, g) and take TD/GAE advantages, normalised (false: each row's advantage is "
                                  "the discounted return of the importance-weighted rewards, unnormalised: the "
                                  "authors' FetchReachDiscrete config, value_type None)")
@@ -348,9 +354,10 @@ class HindsightAgent(OnPolicyAgent):
         # compute the same functions, and the step is taken in the new statistics (the ones the next
         # batch is collected with). The importance ratio divides by the collecting policy; the trust
         # region is anchored at the policy the step starts from: the same policy, up to inputs
-        # beyond the normalizer's clip range.
+        # beyond the normalizer's clip range. (statistics=lagged: they take it in after the step, as
+        # the authors' code does, and the networks are left as they are.)
         batch, data = self.build_batch(episodes, goals)
-        if not adopt:
+        if not adopt and p.statistics == "preserving":
             self.update_normalizers_preserving(episodes, goals)
         batch.update(self.row_tensors(episodes, data, next_inputs=p.critic))
         with torch.no_grad():
@@ -367,6 +374,8 @@ class HindsightAgent(OnPolicyAgent):
             metrics["critic_loss"] = self.fit_value(batch["x"], targets, p.critic_iters, p.critic_batch_size)
         with torch.no_grad():
             entropy = float(self.policy_net.entropy(batch["x"][:1024]).mean())
+        if not adopt and p.statistics == "lagged":  # the next batch's policy: these weights, the new statistics
+            self.update_normalizers(episodes, goals)
         # how many relabelled copies carry a reward (the sparse signal), and how many rows carry the estimate
         reached = global_sum(float(data.success.any(axis=1).sum()))[0]  # dropped copies have none
         metrics.update(n_goals=float(len(goals)), rows=float(n_rows), entropy=entropy, copies_reached=reached,
