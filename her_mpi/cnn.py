@@ -43,7 +43,7 @@ class PixelInput(nn.Module):
     ``observe``/``sync`` accept the same calls as :class:`~her_mpi.normalizer.Normalizer` and do
     nothing, so the algorithms' normalizer updates need no special case."""
 
-    def observe(self, x) -> None:
+    def observe(self, x, counts=None) -> None:
         pass
 
     def sync(self) -> None:

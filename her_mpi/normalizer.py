@@ -36,12 +36,19 @@ class Normalizer(nn.Module):
         self.register_buffer("mean", torch.zeros(size))
         self.register_buffer("std", torch.ones(size))
 
-    def observe(self, x: np.ndarray) -> None:
-        """Accumulate a batch [n, size] locally; it takes effect at the next :meth:`sync`."""
+    def observe(self, x: np.ndarray, counts: np.ndarray | None = None) -> None:
+        """Accumulate a batch [n, size] locally, each row once or ``counts`` [n] times; it takes
+        effect at the next :meth:`sync`."""
         x = np.clip(np.asarray(x, dtype=np.float64).reshape(-1, self.size), -self.clip_raw, self.clip_raw)
-        self.pending[: self.size] += x.sum(axis=0)
-        self.pending[self.size: 2 * self.size] += np.square(x).sum(axis=0)
-        self.pending[-1] += x.shape[0]
+        if counts is None:
+            self.pending[: self.size] += x.sum(axis=0)
+            self.pending[self.size: 2 * self.size] += np.square(x).sum(axis=0)
+            self.pending[-1] += x.shape[0]
+            return
+        counts = np.asarray(counts, dtype=np.float64).reshape(-1)
+        self.pending[: self.size] += counts @ x
+        self.pending[self.size: 2 * self.size] += counts @ np.square(x)
+        self.pending[-1] += counts.sum()
 
     def sync(self) -> None:
         """Collective: merge every rank's pending statistics into the running totals."""

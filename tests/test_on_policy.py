@@ -624,6 +624,27 @@ def test_lagged_statistics_are_taken_in_after_the_step_and_leave_the_networks_as
     assert torch.equal(first_layer.weight, before)  # no step was taken (patched), and nothing rewrote them
 
 
+@pytest.mark.parametrize("original_goals", [True, False])
+def test_hindsight_statistics_count_each_state_once_per_running_copy_and_each_goal_once_per_row(original_goals):
+    """statistics_rows=hindsight (the authors' code): the normalizers see the rewritten copies' rows,
+    not the collected steps; the episodes' own-goal rows are left out."""
+    agent, config = predator_prey_agent("htrpo", "algo.statistics_rows=hindsight",
+                                        f"algo.original_goals={str(original_goals).lower()}", dims=2)
+    episodes, _ = collect(agent, config)
+    goals = np.array([[1.0, 2.0], [-1.0, 0.5], [3.0, -2.0]], np.float32)
+    data = agent.relabelled(episodes, goals)
+    copy, t = data.rows
+    hindsight = copy >= (len(episodes) if original_goals else 0)
+    rows_obs = episodes.obs[data.source[copy[hindsight]], t[hindsight]].astype(np.float64)
+    rows_goals = data.goals[copy[hindsight], t[hindsight]].astype(np.float64)
+    agent.take_in_statistics(episodes, goals, data)
+    obs_stats, goal_stats = agent.inputs.obs_normalizer, agent.inputs.goal_normalizer
+    assert obs_stats.total[-1] == goal_stats.total[-1] == hindsight.sum() > len(episodes)
+    np.testing.assert_allclose(obs_stats.mean.numpy(), rows_obs.mean(axis=0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(goal_stats.mean.numpy(), rows_goals.mean(axis=0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(goal_stats.std.numpy(), np.maximum(rows_goals.std(axis=0), 0.01), rtol=1e-4)
+
+
 def test_line_search_accepts_only_steps_that_deliver_the_asked_share_of_the_predicted_improvement():
     from her_mpi.config import load_config
     from her_mpi.envs import env_spec, make_env

@@ -92,6 +92,11 @@ class HindsightParams(OnPolicyParams):
                       "or after the step and the critic's fit, the networks untouched (lagged, the authors' code: "
                       "the step is taken in the statistics the batch was collected with, and the next batch is "
                       "collected by the same weights on re-normalised inputs, a change no trust region measures)")
+    statistics_rows: Literal["collected", "hindsight"] = setting(
+        "collected", "what the input normalizers take in from a batch: the collected steps once each, with their own, "
+                     "achieved and chosen goals (collected), or the rewritten copies' rows (hindsight, the authors' "
+                     "code): each state once per copy still running there, each chosen goal once per row; the "
+                     "original goals' rows left out")
     critic: bool = setting(True, "learn V(s, g) and take TD/GAE advantages, normalised (false: each row's advantage is "
                                  "the discounted return of the importance-weighted rewards, unnormalised: the "
                                  "authors' FetchReachDiscrete config, value_type None)")
@@ -278,14 +283,13 @@ class HindsightAgent(OnPolicyAgent):
         horizon = episodes.actions.shape[1]
         return np.where(data.success[copy, t], horizon - t, 0).astype(np.float32)
 
-    def build_batch(self, episodes: Episodes, goals: np.ndarray) -> tuple[dict[str, torch.Tensor], Relabelled]:
-        """Rows of the original episodes and of every episode under every goal, with the
-        collecting policy's log-probabilities (call before the normalizers change)."""
+    def relabelled(self, episodes: Episodes, goals: np.ndarray) -> Relabelled:
+        """The original episodes (with algo.original_goals), then every episode under every goal."""
         p = self.params
         n, T = len(episodes), episodes.actions.shape[1]
         hindsight_source = np.tile(np.arange(n), len(goals))
         goal_rows = np.repeat(goals, n, axis=0)[:, None, :].repeat(T + 1, axis=1)
-        n_original = n if p.original_goals else 0
+        n_original = self.n_original(episodes)
         source = np.concatenate([np.arange(n_original), hindsight_source])
         all_goals = np.concatenate([episodes.g[:n_original], goal_rows])
         data = relabel(episodes, source, all_goals, self.goal_fns.success, end_at_success=not p.hold_goal)
@@ -293,6 +297,37 @@ class HindsightAgent(OnPolicyAgent):
             data = without_instant_successes(data, first=n_original)
         if not p.bootstrap_time_limit:
             data = ending_at_time_limits(data)
+        return data
+
+    def n_original(self, episodes: Episodes) -> int:
+        """How many of the rewritten copies are the episodes under their own goals (the first ones)."""
+        return len(episodes) if self.params.original_goals else 0
+
+    def take_in_statistics(self, episodes: Episodes, goals: np.ndarray, data: Relabelled) -> None:
+        """The normalizers take in the batch (collective): algo.statistics_rows says which rows."""
+        if self.params.statistics_rows == "collected":
+            self.update_normalizers(episodes, goals)
+            return
+        copy, t = data.rows
+        hindsight = copy >= self.n_original(episodes)
+        copy, t = copy[hindsight], t[hindsight]
+        state_counts = np.zeros(episodes.obs.shape[:2])  # [episode, step]: copies running there
+        np.add.at(state_counts, (data.source[copy], t), 1.0)
+        # the copies of goal k are the k-th run of len(episodes) after the original ones
+        goal_counts = np.bincount((copy - self.n_original(episodes)) // len(episodes), minlength=len(goals))
+        seen = state_counts > 0
+        self.observe_inputs(episodes.obs[seen], goals, obs_counts=state_counts[seen], goal_counts=goal_counts)
+
+    def build_batch(self, episodes: Episodes, goals: np.ndarray,
+                    data: Relabelled | None = None) -> tuple[dict[str, torch.Tensor], Relabelled]:
+        """Rows of the original episodes and of every episode under every goal (``data``: the
+        relabelled copies if already made), with the collecting policy's log-probabilities (call
+        before the normalizers change)."""
+        p = self.params
+        n = len(episodes)
+        n_original = self.n_original(episodes)
+        if data is None:
+            data = self.relabelled(episodes, goals)
         batch = self.row_tensors(episodes, data, next_inputs=False)  # learn() rebuilds the inputs
         batch["rewards"] = torch.from_numpy(self.rewards(episodes, data))
         copy, t = data.rows
@@ -346,9 +381,10 @@ class HindsightAgent(OnPolicyAgent):
     def learn(self, episodes: Episodes) -> dict[str, float]:
         p = self.params
         goals = self.select_goals(episodes) if p.hindsight else np.zeros((0, self.spec.goal_dim), np.float32)
+        data = self.relabelled(episodes, goals)
         adopt = p.adopt_first_statistics and self.n_iterations == 0
         if adopt:  # the networks now see normalised inputs; the batch is read as the new policy's
-            self.update_normalizers(episodes, goals)
+            self.take_in_statistics(episodes, goals, data)
         # The log-probs and weights of the policy that collected the batch (with ``adopt``: of the
         # re-normalised one). Then the normalizers take the batch in, with the networks rewritten to
         # compute the same functions, and the step is taken in the new statistics (the ones the next
@@ -356,9 +392,10 @@ class HindsightAgent(OnPolicyAgent):
         # region is anchored at the policy the step starts from: the same policy, up to inputs
         # beyond the normalizer's clip range. (statistics=lagged: they take it in after the step, as
         # the authors' code does, and the networks are left as they are.)
-        batch, data = self.build_batch(episodes, goals)
+        batch, data = self.build_batch(episodes, goals, data)
         if not adopt and p.statistics == "preserving":
-            self.update_normalizers_preserving(episodes, goals)
+            with self.functions_preserved():
+                self.take_in_statistics(episodes, goals, data)
         batch.update(self.row_tensors(episodes, data, next_inputs=p.critic))
         with torch.no_grad():
             batch["anchor"] = detach_params(self.policy_net.params(batch["x"]))
@@ -375,7 +412,7 @@ class HindsightAgent(OnPolicyAgent):
         with torch.no_grad():
             entropy = float(self.policy_net.entropy(batch["x"][:1024]).mean())
         if not adopt and p.statistics == "lagged":  # the next batch's policy: these weights, the new statistics
-            self.update_normalizers(episodes, goals)
+            self.take_in_statistics(episodes, goals, data)
         # how many relabelled copies carry a reward (the sparse signal), and how many rows carry the estimate
         reached = global_sum(float(data.success.any(axis=1).sum()))[0]  # dropped copies have none
         metrics.update(n_goals=float(len(goals)), rows=float(n_rows), entropy=entropy, copies_reached=reached,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
@@ -199,12 +200,18 @@ class OnPolicyAgent(Agent):
         goals = [episodes.g[valid], episodes.ag[valid]]
         if extra_goals is not None and len(extra_goals):
             goals.append(extra_goals)
-        self.inputs.obs_normalizer.observe(episodes.obs[valid])
-        self.inputs.goal_normalizer.observe(np.concatenate(goals))
+        self.observe_inputs(episodes.obs[valid], np.concatenate(goals))
+
+    def observe_inputs(self, obs, goals: np.ndarray, obs_counts=None, goal_counts=None) -> None:
+        """Add these observations and goals to the normalizers' statistics, each row once or
+        ``*_counts`` times (collective)."""
+        self.inputs.obs_normalizer.observe(obs, obs_counts)
+        self.inputs.goal_normalizer.observe(goals, goal_counts)
         self.inputs.sync()
 
-    def update_normalizers_preserving(self, episodes: Episodes, extra_goals: np.ndarray | None = None) -> None:
-        """Update the normalizers and rewrite the first layers of the policy and value networks
+    @contextmanager
+    def functions_preserved(self):
+        """Around a normalizer update: rewrite the first layers of the policy and value networks
         so that both compute the same functions of the raw inputs as before (collective).
 
         The policy that collected the batch is then also the policy the update starts from, in
@@ -212,8 +219,13 @@ class OnPolicyAgent(Agent):
         not the normalizer's drift (which would otherwise move the policy, unconstrained, by
         several nats per action early in training)."""
         old = input_statistics(self.inputs)
-        self.update_normalizers(episodes, extra_goals)
+        yield
         preserve_function([self.policy_net, self.value_net], old, input_statistics(self.inputs))
+
+    def update_normalizers_preserving(self, episodes: Episodes, extra_goals: np.ndarray | None = None) -> None:
+        """update_normalizers, the networks' functions preserved (functions_preserved)."""
+        with self.functions_preserved():
+            self.update_normalizers(episodes, extra_goals)
 
     def row_tensors(self, episodes: Episodes, data: Relabelled, next_inputs: bool = True) -> dict:
         """Network inputs of the valid rows under the copy's goal, and at the next state
