@@ -331,10 +331,12 @@ htrpo_slide)  # HTRPO on FetchSlideDiscrete and continuous FetchSlide (2M steps 
 htrpo_push_levers)  # HTRPO continuous FetchPush, seed 0 to 320k (20 epochs; EPOCHS=N stops at N), one difference from
     # the authors' code each (LEVERS picks some); the recipe's own first 320k is htrpo_push's seed 0. Early signals:
     # train success (the recipe's falls from ~0.06 to ~0.02 by 176k), copies_reached, ess, object contact. LEVERS may
-    # name changes of our own too, e.g. algo.gae_lambda=0.95 (the authors' GAE_lambda is 0, as the recipe's)
+    # name changes of our own too, e.g. algo.gae_lambda=0.95 (the authors' GAE_lambda is 0, as the recipe's); '+' joins
+    # changes made together, e.g. the authors' normalizer: algo.statistics=lagged+algo.statistics_rows=hindsight
     for lever in ${LEVERS:-algo.init=orthogonal algo.hvp_subsample=1.0 algo.is_normaliser=running algo.goal_decimals=2 \
                  algo.hold_goal=true}; do
-        sweep "htrpo_push_levers/${lever//[.=]/_}" --config fetch_push_htrpo --seeds "${SEEDS:-0}" --set "$lever" \
+        sets=(); IFS=+ read -ra changes <<< "$lever"; for kv in "${changes[@]}"; do sets+=(--set "$kv"); done
+        sweep "htrpo_push_levers/${lever//[.=+]/_}" --config fetch_push_htrpo --seeds "${SEEDS:-0}" "${sets[@]}" \
             --set "train.n_epochs=${EPOCHS:-20}"
     done ;;
 *)
