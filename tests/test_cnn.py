@@ -136,7 +136,8 @@ def test_htrpo_normalizer_updates_preserve_the_cnn_policy_and_value():
     with torch.no_grad():
         x_before = agent.inputs(obs, goals)
         before = agent.policy_net(x_before), agent.value_net(x_before)
-    agent.update_normalizers_preserving(episodes, extra_goals=goals.numpy())
+    with agent.functions_preserved():
+        agent.update_normalizers(episodes, extra_goals=goals.numpy())
     with torch.no_grad():
         x_after = agent.inputs(obs, goals)
         after = agent.policy_net(x_after), agent.value_net(x_after)

@@ -573,7 +573,8 @@ def test_normalizer_updates_preserve_the_on_policy_networks_functions():
         before = agent.policy_net(agent.inputs(obs, goals)), agent.value_net(agent.inputs(obs, goals))
         normalised_before = agent.inputs(obs, goals)
     for _ in range(2):
-        agent.update_normalizers_preserving(episodes)
+        with agent.functions_preserved():
+            agent.update_normalizers(episodes)
     with torch.no_grad():
         after = agent.policy_net(agent.inputs(obs, goals)), agent.value_net(agent.inputs(obs, goals))
         assert not torch.allclose(agent.inputs(obs, goals), normalised_before)  # the statistics did change

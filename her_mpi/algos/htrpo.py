@@ -313,10 +313,8 @@ class HindsightAgent(OnPolicyAgent):
         copy, t = copy[hindsight], t[hindsight]
         state_counts = np.zeros(episodes.obs.shape[:2])  # [episode, step]: copies running there
         np.add.at(state_counts, (data.source[copy], t), 1.0)
-        # the copies of goal k are the k-th run of len(episodes) after the original ones
-        goal_counts = np.bincount((copy - self.n_original(episodes)) // len(episodes), minlength=len(goals))
         seen = state_counts > 0
-        self.observe_inputs(episodes.obs[seen], goals, obs_counts=state_counts[seen], goal_counts=goal_counts)
+        self.observe_inputs(episodes.obs[seen], data.goals[copy, t], obs_counts=state_counts[seen])
 
     def build_batch(self, episodes: Episodes, goals: np.ndarray,
                     data: Relabelled | None = None) -> tuple[dict[str, torch.Tensor], Relabelled]:

@@ -202,11 +202,11 @@ class OnPolicyAgent(Agent):
             goals.append(extra_goals)
         self.observe_inputs(episodes.obs[valid], np.concatenate(goals))
 
-    def observe_inputs(self, obs, goals: np.ndarray, obs_counts=None, goal_counts=None) -> None:
-        """Add these observations and goals to the normalizers' statistics, each row once or
-        ``*_counts`` times (collective)."""
+    def observe_inputs(self, obs, goals: np.ndarray, obs_counts=None) -> None:
+        """Add these observations (each once, or ``obs_counts`` times) and goals to the normalizers'
+        statistics (collective)."""
         self.inputs.obs_normalizer.observe(obs, obs_counts)
-        self.inputs.goal_normalizer.observe(goals, goal_counts)
+        self.inputs.goal_normalizer.observe(goals)
         self.inputs.sync()
 
     @contextmanager
@@ -221,11 +221,6 @@ class OnPolicyAgent(Agent):
         old = input_statistics(self.inputs)
         yield
         preserve_function([self.policy_net, self.value_net], old, input_statistics(self.inputs))
-
-    def update_normalizers_preserving(self, episodes: Episodes, extra_goals: np.ndarray | None = None) -> None:
-        """update_normalizers, the networks' functions preserved (functions_preserved)."""
-        with self.functions_preserved():
-            self.update_normalizers(episodes, extra_goals)
 
     def row_tensors(self, episodes: Episodes, data: Relabelled, next_inputs: bool = True) -> dict:
         """Network inputs of the valid rows under the copy's goal, and at the next state
