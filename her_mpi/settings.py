@@ -117,7 +117,8 @@ class TrainConfig:
                                                "chosen for; at N ranks each cycle then runs n_batches*N/schedule_ranks "
                                                "updates of batch_size*schedule_ranks/N transitions per rank (rounded "
                                                "half up), keeping the updates per env step and the transitions per "
-                                               "update of all ranks together (null: n_batches and batch_size as "
+                                               "update of all ranks together; targets moved once per cycle then "
+                                               "move once per n_batches updates (null: n_batches and batch_size as "
                                                "written at any rank count, the baselines schedule)")
     n_test_episodes: int = setting(50, "deterministic test episodes per evaluation, all ranks together (split "
                                        "evenly, rounded up; 0: no evaluation)")

@@ -300,3 +300,28 @@ def test_schedule_ranks_sets_the_batch_each_update_samples(monkeypatch):
     monkeypatch.setattr(agent.buffer, "sample", lambda n, *args, **kwargs: asked.append(n))
     agent.sample_batch()
     assert asked == [1024]
+
+
+@pytest.mark.parametrize("schedule_ranks, moved_at", [(None, [4, 8]), (2, [4])])
+def test_schedule_ranks_moves_the_targets_once_per_tuned_cycle(monkeypatch, schedule_ranks, moved_at):
+    # DDPG's targets move once per cycle: at 1 rank a recipe tuned at 2 runs half the updates
+    # per cycle (2 of 4), so its targets move every second cycle, after as many updates as at 2 ranks
+    from her_mpi.config import load_config
+    from her_mpi.envs import env_spec, make_env
+
+    scheduled = [] if schedule_ranks is None else [f"train.schedule_ranks={schedule_ranks}"]
+    config = load_config("fetch_reach_ddpg", ["algo.target_update_every=0", "train.n_batches=4", "replay.size=1000",
+                                              *scheduled])
+    env = make_env(config.env)
+    agent = build_agent(config, env_spec(env, config.env.id), env)
+    moved = []
+    monkeypatch.setattr(agent, "update_targets", lambda: moved.append(agent.n_updates))
+    monkeypatch.setattr(agent.buffer, "store", lambda episodes: None)
+    monkeypatch.setattr(agent, "update_normalizers", lambda episodes: None)
+    monkeypatch.setattr(agent, "sample_batch", dict)
+    monkeypatch.setattr(agent, "batch_tensors", lambda batch: {})
+    monkeypatch.setattr(agent, "update", lambda tensors: ({"critic_loss": torch.tensor(0.0)}, torch.zeros(0)))
+    for _ in range(2):
+        agent.learn(episodes=None)
+    assert agent.n_updates == 2 * (4 if schedule_ranks is None else 2)
+    assert moved == moved_at

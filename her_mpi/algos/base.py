@@ -175,6 +175,11 @@ class OffPolicyAgent(Agent):
         reward_fn, terminal_fn = (goal_fns.reward, goal_fns.terminal) if goal_fns else (None, None)
         self.gamma = self.params.gamma if self.params.gamma is not None else 1.0 - 1.0 / spec.horizon
         self.n_batches, self.batch_size = config.train.update_schedule(mpi.size())
+        # "Once per cycle" means once per cycle of the schedule the recipe was tuned at: under
+        # train.schedule_ranks every n_batches (as written) updates, so that the target networks
+        # also move as often per env step and per update as at the tuned rank count.
+        scheduled = config.train.schedule_ranks is not None
+        self.target_every = self.params.target_update_every or (config.train.n_batches if scheduled else 0)
         per_cycle = config.train.rollouts_per_rank * spec.horizon
         if replay.size < per_cycle:  # a cycle's episodes must fit, or the first store() fails mid-run
             raise ConfigError(f"replay.size = {replay.size} transitions cannot hold one cycle's "
@@ -215,12 +220,11 @@ class OffPolicyAgent(Agent):
                 self.buffer.update_priorities(batch["indices"], td_error.numpy())
             collected.append(metrics)
             self.n_updates += 1
-            every = self.params.target_update_every
-            if every and self.n_updates % every == 0:
+            if self.target_every and self.n_updates % self.target_every == 0:
                 self.update_targets()
             if train.sync_check_every and self.n_updates % train.sync_check_every == 0:
                 self.check_synced()
-        if not self.params.target_update_every:
+        if not self.target_every:
             self.update_targets()
         if not collected:
             return {}
