@@ -48,6 +48,7 @@
 #     RECIPES=hand_reach_ddpg_kfac SEEDS="1 2" experiments/tables.sh robotics_updates  # ... one task, more seeds
 #     experiments/tables.sh push_ranks      # the Push recipe (n_batches 80) at np 1, 2, 4, 8, 3 seeds each, 400k: how -np changes learning
 #     experiments/tables.sh push_ranks_scheduled  # ... at np 8 with train.schedule_ranks=2 (the 2-rank updates per env step), 3 seeds
+#     experiments/tables.sh push_ranks_cycle_targets  # ... np 8 scheduled, targets once per 320-update cycle, seed 0
 #     EPOCHS=20 experiments/tables.sh htrpo_slide  # HTRPO FetchSlideDiscrete and continuous FetchSlide, the authors' configs, 2M steps
 #     experiments/tables.sh htrpo_push_levers  # HTRPO continuous Push, seed 0 to 320k: one change each towards the authors' code
 #     EPOCHS=11 experiments/tables.sh htrpo_push_authors  # ... every change at once
@@ -316,6 +317,13 @@ push_ranks_scheduled)  # ... at 8 ranks keeping the 2-rank schedule: 320 updates
         NP=8 sweep push_ranks/np8_schedule2 --config fetch_push_ddpg_kfac --seeds "$seed" --set train.n_batches=80 \
             --set train.schedule_ranks=2 --set train.n_cycles=12 --set train.max_env_steps=400000 --set train.n_epochs=400
     done ;;
+push_ranks_cycle_targets)  # ... with DDPG's targets moved once per 320-update cycle, as schedule_ranks did before it moved
+    # them once per n_batches (80) updates: four times fewer target moves per update than at np 2; seed 0
+    for seed in ${SEEDS:-0}; do
+        NP=8 sweep push_ranks_cycle_targets/np8_schedule2 --config fetch_push_ddpg_kfac --seeds "$seed" \
+            --set train.n_batches=80 --set train.schedule_ranks=2 --set algo.target_update_every=320 \
+            --set train.n_cycles=12 --set train.max_env_steps=400000 --set train.n_epochs=400
+    done ;;
 htrpo_push_authors)  # HTRPO continuous FetchPush, seed 0 (EPOCHS=N stops at N of 125), every difference from the
     # authors' code at once (their newest HTRPO Fetch configs: no entropy term); if it learns, htrpo_push_levers bisects
     sweep htrpo_push_authors --config fetch_push_htrpo --seeds "${SEEDS:-0}" --set algo.init=orthogonal \
@@ -340,6 +348,6 @@ htrpo_push_levers)  # HTRPO continuous FetchPush, seed 0 to 320k (20 epochs; EPO
             --set "train.n_epochs=${EPOCHS:-20}"
     done ;;
 *)
-    echo "usage: experiments/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|push_td3_diag|push_sac_diag|other_tasks|htrpo_discrete|htrpo_reach_discrete|htrpo_reach_entropy|htrpo_push_discrete|htrpo_push|ms_pacman|ms_pacman_htrpo_levers|hpg_screen|htrpo_vs_hpg|htrpo_ablations|htrpo_reach|htrpo_reach_fast|htrpo_bits|htrpo_bits32|bitflip_dqn|predator_prey|predator_prey_sac|predator_prey_shift|predator_prey_shift_clip|predator_prey_static|push_updates|robotics_updates|push_ranks|push_ranks_scheduled|htrpo_push_levers|htrpo_push_authors|htrpo_slide" >&2
+    echo "usage: experiments/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|push_td3_diag|push_sac_diag|other_tasks|htrpo_discrete|htrpo_reach_discrete|htrpo_reach_entropy|htrpo_push_discrete|htrpo_push|ms_pacman|ms_pacman_htrpo_levers|hpg_screen|htrpo_vs_hpg|htrpo_ablations|htrpo_reach|htrpo_reach_fast|htrpo_bits|htrpo_bits32|bitflip_dqn|predator_prey|predator_prey_sac|predator_prey_shift|predator_prey_shift_clip|predator_prey_static|push_updates|robotics_updates|push_ranks|push_ranks_scheduled|push_ranks_cycle_targets|htrpo_push_levers|htrpo_push_authors|htrpo_slide" >&2
     exit 2 ;;
 esac
