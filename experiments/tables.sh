@@ -312,17 +312,17 @@ push_ranks)  # the Push recipe with twice the updates at 1, 2, 4 and 8 ranks, th
                 --set train.n_cycles=$((100 / np)) --set train.max_env_steps=400000 --set train.n_epochs=400
         done
     done ;;
-push_ranks_scheduled)  # ... at 8 ranks keeping the 2-rank schedule: 320 updates of 64 per cycle instead of 80 of 256
-    for seed in ${SEEDS:-0 1 2}; do
-        NP=8 sweep push_ranks/np8_schedule2 --config fetch_push_ddpg_kfac --seeds "$seed" --set train.n_batches=80 \
-            --set train.schedule_ranks=2 --set train.n_cycles=12 --set train.max_env_steps=400000 --set train.n_epochs=400
-    done ;;
-push_ranks_cycle_targets)  # ... with DDPG's targets moved once per 320-update cycle, as schedule_ranks did before it moved
-    # them once per n_batches (80) updates: four times fewer target moves per update than at np 2; seed 0
-    for seed in ${SEEDS:-0}; do
-        NP=8 sweep push_ranks_cycle_targets/np8_schedule2 --config fetch_push_ddpg_kfac --seeds "$seed" \
-            --set train.n_batches=80 --set train.schedule_ranks=2 --set algo.target_update_every=320 \
-            --set train.n_cycles=12 --set train.max_env_steps=400000 --set train.n_epochs=400
+push_ranks_scheduled|push_ranks_cycle_targets)  # ... at 8 ranks keeping the 2-rank schedule: 320 updates of 64 per
+    # cycle instead of 80 of 256; push_ranks_cycle_targets moves DDPG's targets once per 320-update cycle, as schedule_ranks
+    # did before it moved them once per n_batches (80) updates: four times fewer target moves per update than at np 2
+    out=push_ranks/np8_schedule2 default_seeds="0 1 2" targets=()
+    if [ "$1" = push_ranks_cycle_targets ]; then
+        out=push_ranks_cycle_targets/np8_schedule2 default_seeds=0 targets=(--set algo.target_update_every=320)
+    fi
+    for seed in ${SEEDS:-$default_seeds}; do
+        NP=8 sweep "$out" --config fetch_push_ddpg_kfac --seeds "$seed" --set train.n_batches=80 \
+            --set train.schedule_ranks=2 "${targets[@]}" --set train.n_cycles=12 --set train.max_env_steps=400000 \
+            --set train.n_epochs=400
     done ;;
 htrpo_push_authors)  # HTRPO continuous FetchPush, seed 0 (EPOCHS=N stops at N of 125), every difference from the
     # authors' code at once (their newest HTRPO Fetch configs: no entropy term); if it learns, htrpo_push_levers bisects
