@@ -1,4 +1,4 @@
-"""Tests of the research tools (experiments/collect_sweep.py, experiments/park_runs.py).
+"""Tests of the research tools (experiments/collect_sweep.py, park_runs.py and the diagnostics).
 
     python -m pytest experiments/tests
 
@@ -11,11 +11,14 @@ import importlib.util
 import os
 import shutil
 import subprocess
+import types
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+import her_mpi.algos.htrpo as htrpo
 from her_mpi.config import load_config
 from her_mpi.settings import UnusedSettingWarning
 
@@ -118,3 +121,25 @@ def test_early_signals_average_each_span_and_mark_spans_a_run_has_not_reached(tm
     table = early_signals.markdown(summaries, [20_000, 40_000])
     assert "| fetch_push_td3 algo.init=orthogonal | 40k | 0.00 | 0.15 | 0.00 | 0.35 |" in table
     assert "0.50*" in table
+
+
+def test_the_log_ratio_clip_measure_compares_clipped_with_unclipped_weights_and_restores_the_clip():
+    log_ratio_clip = research_script("log_ratio_clip")
+    limit = htrpo.MAX_LOG_RATIO
+    # one original episode (row 0) and two hindsight copies of 3 steps: copy 1 climbs past +limit at its last step
+    data = types.SimpleNamespace(mask=np.ones((3, 3), bool))
+    copy, t = np.repeat(np.arange(3), 3), np.tile(np.arange(3), 3)
+    log_ratio = np.array([0, 0, 0, limit / 2, limit / 2, 1.0, -1.0, 0, 0])
+
+    def weights(data, copy, t, log_ratio, n_original, n_goals):  # plain per-decision ratios, clipped as training does
+        grid = np.zeros(data.mask.shape)
+        grid[copy, t] = log_ratio
+        grid[:n_original] = 0
+        return np.exp(np.clip(np.cumsum(grid, axis=1), -htrpo.MAX_LOG_RATIO, htrpo.MAX_LOG_RATIO))[copy, t]
+
+    clipped, measures = log_ratio_clip.batch_measures(weights, data, copy, t, log_ratio, 1, 2)
+    assert htrpo.MAX_LOG_RATIO == limit
+    assert np.allclose(clipped, weights(data, copy, t, log_ratio, 1, 2))
+    assert measures["rows"] == 6 and measures["above_clip"] == 1 / 6 and measures["below_clip"] == 0
+    assert measures["log_ratio_max"] == limit + 1
+    assert 0 < measures["weights_l1_change"] < 1 and measures["ess_clipped"] > measures["ess_unclipped"]

@@ -1,0 +1,118 @@
+"""Whether HTRPO's clip of the per-decision log importance ratios changes the weights, on trained checkpoints.
+
+    python experiments/log_ratio_clip.py RUN_DIR [RUN_DIR ...] [--episodes 64 --batches 1 --name NAME]
+
+HTRPO weights a hindsight copy's step t by rho_t = prod_{k<=t} pi(a_k|s_k,g')/pi(a_k|s_k,g); the code
+clips log rho_t to +-MAX_LOG_RATIO against overflow (the authors' code does not). For each run this
+collects exploration episodes with checkpoints/latest.pt (one process), builds the hindsight batch
+as training does, and reports how many live hindsight rows sit beyond the clip on either side, the
+cumulative log-ratio's quantiles, and the hindsight weights with and without the clip: their
+effective sample size and the relative L1 change. Results: experiments/results/<name>.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS  # noqa: E402
+from park_runs import CHECKPOINT  # noqa: E402
+from unseen_eval import run_dirs  # noqa: E402  (also puts this checkout's her_mpi first)
+
+import her_mpi.algos.htrpo as htrpo  # noqa: E402
+from her_mpi.checkpoint import load_checkpoint  # noqa: E402
+from her_mpi.config import config_from_dict  # noqa: E402
+from her_mpi.rollout import RolloutWorker  # noqa: E402
+from her_mpi.trainer import build_agent  # noqa: E402
+
+
+def effective_sample_size(h: np.ndarray) -> float:
+    return float(h.sum() ** 2 / max(float((h.astype(np.float64) ** 2).sum()), 1e-300))
+
+
+def batch_measures(weights, data, copy, t, log_ratio, n_original, n_goals) -> tuple[np.ndarray, dict]:
+    """The clipped weights training uses, and how they differ from unclipped ones."""
+    limit = htrpo.MAX_LOG_RATIO
+    clipped = weights(data, copy, t, log_ratio, n_original, n_goals)
+    htrpo.MAX_LOG_RATIO = np.inf
+    try:
+        unclipped = weights(data, copy, t, log_ratio, n_original, n_goals)
+    finally:
+        htrpo.MAX_LOG_RATIO = limit
+    grid = np.zeros(data.mask.shape)
+    grid[copy, t] = log_ratio
+    cumulative = np.cumsum(grid[n_original:], axis=1)[data.mask[n_original:].astype(bool)]
+    hindsight = copy >= n_original
+    return clipped, {
+        "rows": int(cumulative.size), "above_clip": float((cumulative > limit).mean()),
+        "below_clip": float((cumulative < -limit).mean()),
+        "log_ratio_quantiles": {q: float(np.percentile(cumulative, q)) for q in (1, 50, 99)},
+        "log_ratio_max": float(cumulative.max()), "step_log_ratio_abs_mean": float(np.abs(log_ratio[hindsight]).mean()),
+        "ess_clipped": effective_sample_size(clipped[hindsight]),
+        "ess_unclipped": effective_sample_size(unclipped[hindsight]),
+        "weights_l1_change": float(np.abs(clipped[hindsight] - unclipped[hindsight]).sum()
+                                   / max(float(unclipped[hindsight].sum()), 1e-300))}
+
+
+def measure(run: Path, n_episodes: int, n_batches: int) -> dict:
+    state = load_checkpoint(run / CHECKPOINT)
+    config = config_from_dict(state["config"])
+    if config.algo_name != "htrpo":
+        raise SystemExit(f"log_ratio_clip.py: {run} trains {config.algo_name!r}, expected an htrpo run")
+    worker = RolloutWorker(config.env, n_episodes, np.random.SeedSequence(12345))
+    batches = []
+    try:
+        agent = build_agent(config, worker.spec, worker.envs[0], np.random.SeedSequence(1))
+        weights = agent.importance_weights
+
+        def recorded(*args, **kwargs):
+            clipped, measures = batch_measures(weights, *args, **kwargs)
+            batches.append(measures)
+            return clipped
+
+        agent.importance_weights = recorded
+        agent.policy_step = lambda batch: {}  # measure the batch, take no step
+        for _ in range(n_batches):
+            agent.load_state_dict(state["agent"])
+            agent.start_episodes(n_episodes)
+            agent.learn(worker.generate(lambda obs, g: agent.act(obs, g, explore=True), n_episodes))
+    finally:
+        worker.close()
+    return {"run": str(run), "env_steps": int(state.get("env_steps", 0) or 0), "episodes": n_episodes,
+            "max_log_ratio": htrpo.MAX_LOG_RATIO, "batches": batches}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="run or sweep directories with checkpoints/latest.pt")
+    parser.add_argument("--episodes", type=int, default=64, help="episodes per batch (one 3,200-step iteration: 64)")
+    parser.add_argument("--batches", type=int, default=1, help="batches measured per run")
+    parser.add_argument("--name", default="htrpo_log_ratio_clip", help="results file stem in experiments/results/")
+    args = parser.parse_args()
+    if args.episodes < 1 or args.batches < 1:
+        parser.error(f"--episodes {args.episodes} and --batches {args.batches}: expected integers >= 1")
+    rows = [measure(run, args.episodes, args.batches) for run in run_dirs(args.runs)]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(rows, indent=1) + "\n")
+    lines = ["| run | env steps | live hindsight rows | beyond +clip | beyond -clip | log rho 1% / 50% / 99% / max |"
+             " mean abs log ratio per step | ESS clipped / unclipped | weights' relative L1 change |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        for b in row["batches"]:
+            q = b["log_ratio_quantiles"]
+            lines.append(f"| {row['run']} | {row['env_steps']:,} | {b['rows']:,} | {b['above_clip']:.2%} | "
+                         f"{b['below_clip']:.2%} | {q[1]:.1f} / {q[50]:.1f} / {q[99]:.1f} / {b['log_ratio_max']:.1f} | "
+                         f"{b['step_log_ratio_abs_mean']:.2f} | {b['ess_clipped']:,.0f} / {b['ess_unclipped']:,.0f} | "
+                         f"{b['weights_l1_change']:.1e} |")
+    text = f"`python experiments/log_ratio_clip.py {' '.join(sys.argv[1:])}`\n\n" + "\n".join(lines) + "\n"
+    (RESULTS / f"{args.name}.md").write_text(text)
+    print(text, end="")
+
+
+if __name__ == "__main__":
+    main()
