@@ -67,6 +67,9 @@ def refresh(destination: Path, sweeps: list[Path], finished_only: bool, drop_mis
             if sweep is not None and not (sweep / Path(*stored.parts[1:]) / "progress.csv").is_file():
                 kept[stored] = {name: (finished.parent / name).read_bytes() for name in KEPT
                                 if (finished.parent / name).is_file()}
+        unnamed = sorted(child.name for child in destination.iterdir() if child.is_dir() and child.name not in by_sweep)
+        for name in unnamed:  # a table gathered from several sweep directories loses the ones not named again
+            print(f"dropped {name}/: stored earlier from a sweep directory not named this time (name it to keep its runs)")
     shutil.rmtree(destination, ignore_errors=True)  # runs left out this time must not linger
     copied = sum(copy_runs(sweep, destination / sweep.name, finished_only, recipes, seeds) for sweep in sweeps)
     for stored, files in kept.items():

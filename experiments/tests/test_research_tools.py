@@ -59,6 +59,11 @@ def test_collecting_a_sweep_again_keeps_finished_runs_whose_directory_is_gone(tm
     # --seed: the held-out seeds only (seed1 of "recipe"; "other" has only seed0)
     assert collect_sweep.refresh(stored, [sweep], finished_only=True, seeds={1}) == 1
     assert (stored / "pacman/recipe/seed1").is_dir() and not (stored / "pacman/other").exists()
+    fake_run(tmp_path / "sweeps/np4/recipe/seed0", 0, [0.2])  # a second sweep directory of the same table
+    assert collect_sweep.refresh(stored, [sweep, tmp_path / "sweeps/np4"], finished_only=False) == 4
+    capsys.readouterr()
+    collect_sweep.refresh(stored, [sweep], finished_only=False)
+    assert "dropped np4/" in capsys.readouterr().out and not (stored / "np4").exists()
 
 
 def test_parking_carries_a_run_without_its_replay_and_unparking_keeps_the_further_copy(tmp_path, monkeypatch, capsys):
