@@ -1,13 +1,14 @@
 """Whether HTRPO's clip of the per-decision log importance ratios changes the weights, on trained checkpoints.
 
-    python experiments/log_ratio_clip.py RUN_DIR [RUN_DIR ...] [--episodes 64 --batches 1 --name NAME]
+    python experiments/log_ratio_clip.py RUN_DIR [RUN_DIR ...] [--episodes 64 --batches 1 --caps 5 2 1 --name NAME]
 
 HTRPO weights a hindsight copy's step t by rho_t = prod_{k<=t} pi(a_k|s_k,g')/pi(a_k|s_k,g); the code
-clips log rho_t to +-MAX_LOG_RATIO against overflow (the authors' code does not). For each run this
+clips log rho_t to +-algo.max_log_ratio (20: against overflow; the authors' code does not). For each run this
 collects exploration episodes with checkpoints/latest.pt (one process), builds the hindsight batch
 as training does, and reports how many live hindsight rows sit beyond the clip on either side, the
 cumulative log-ratio's quantiles, and the hindsight weights with and without the clip: their
-effective sample size and the relative L1 change. Results: experiments/results/<name>.{json,md}.
+effective sample size and the relative L1 change; with --caps, the effective sample size the
+weights would have at smaller clips (truncated importance weights). Results: experiments/results/<name>.{json,md}.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from common import RESULTS  # noqa: E402
 from park_runs import CHECKPOINT  # noqa: E402
 from unseen_eval import run_dirs  # noqa: E402  (also puts this checkout's her_mpi first)
 
-import her_mpi.algos.htrpo as htrpo  # noqa: E402
 from her_mpi.checkpoint import load_checkpoint  # noqa: E402
 from her_mpi.config import config_from_dict  # noqa: E402
 from her_mpi.rollout import RolloutWorker  # noqa: E402
@@ -35,19 +35,24 @@ def effective_sample_size(h: np.ndarray) -> float:
     return float(h.sum() ** 2 / max(float((h.astype(np.float64) ** 2).sum()), 1e-300))
 
 
-def batch_measures(weights, data, copy, t, log_ratio, n_original, n_goals) -> tuple[np.ndarray, dict]:
-    """The clipped weights training uses, and how they differ from unclipped ones."""
-    limit = htrpo.MAX_LOG_RATIO
+def batch_measures(weights, params, data, copy, t, log_ratio, n_original, n_goals,
+                   caps=()) -> tuple[np.ndarray, dict]:
+    """The clipped weights training uses, how they differ from unclipped ones, and their ESS at other caps."""
+    limit = params.max_log_ratio
     clipped = weights(data, copy, t, log_ratio, n_original, n_goals)
-    htrpo.MAX_LOG_RATIO = np.inf
+    hindsight = copy >= n_original
+    ess_at = {}
     try:
-        unclipped = weights(data, copy, t, log_ratio, n_original, n_goals)
+        for cap in (np.inf, *caps):
+            params.max_log_ratio = cap
+            ess_at[cap] = (weights(data, copy, t, log_ratio, n_original, n_goals) if cap == np.inf
+                           else effective_sample_size(weights(data, copy, t, log_ratio, n_original, n_goals)[hindsight]))
     finally:
-        htrpo.MAX_LOG_RATIO = limit
+        params.max_log_ratio = limit
+    unclipped = ess_at.pop(np.inf)
     grid = np.zeros(data.mask.shape)
     grid[copy, t] = log_ratio
     cumulative = np.cumsum(grid[n_original:], axis=1)[data.mask[n_original:].astype(bool)]
-    hindsight = copy >= n_original
     return clipped, {
         "rows": int(cumulative.size), "above_clip": float((cumulative > limit).mean()),
         "below_clip": float((cumulative < -limit).mean()),
@@ -55,11 +60,12 @@ def batch_measures(weights, data, copy, t, log_ratio, n_original, n_goals) -> tu
         "log_ratio_max": float(cumulative.max()), "step_log_ratio_abs_mean": float(np.abs(log_ratio[hindsight]).mean()),
         "ess_clipped": effective_sample_size(clipped[hindsight]),
         "ess_unclipped": effective_sample_size(unclipped[hindsight]),
+        "ess_at_cap": {str(cap): ess for cap, ess in ess_at.items()},
         "weights_l1_change": float(np.abs(clipped[hindsight] - unclipped[hindsight]).sum()
                                    / max(float(unclipped[hindsight].sum()), 1e-300))}
 
 
-def measure(run: Path, n_episodes: int, n_batches: int) -> dict:
+def measure(run: Path, n_episodes: int, n_batches: int, caps=()) -> dict:
     state = load_checkpoint(run / CHECKPOINT)
     config = config_from_dict(state["config"])
     if config.algo_name != "htrpo":
@@ -71,7 +77,7 @@ def measure(run: Path, n_episodes: int, n_batches: int) -> dict:
         weights = agent.importance_weights
 
         def recorded(*args, **kwargs):
-            clipped, measures = batch_measures(weights, *args, **kwargs)
+            clipped, measures = batch_measures(weights, agent.params, *args, **kwargs, caps=caps)
             batches.append(measures)
             return clipped
 
@@ -84,7 +90,7 @@ def measure(run: Path, n_episodes: int, n_batches: int) -> dict:
     finally:
         worker.close()
     return {"run": str(run), "env_steps": int(state.get("env_steps", 0) or 0), "episodes": n_episodes,
-            "max_log_ratio": htrpo.MAX_LOG_RATIO, "batches": batches}
+            "max_log_ratio": agent.params.max_log_ratio, "batches": batches}
 
 
 def main() -> None:
@@ -92,23 +98,29 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", type=Path, help="run or sweep directories with checkpoints/latest.pt")
     parser.add_argument("--episodes", type=int, default=64, help="episodes per batch (one 3,200-step iteration: 64)")
     parser.add_argument("--batches", type=int, default=1, help="batches measured per run")
+    parser.add_argument("--caps", type=float, nargs="*", default=[],
+                        help="also report the hindsight weights' effective sample size at these clips of log rho_t")
     parser.add_argument("--name", default="htrpo_log_ratio_clip", help="results file stem in experiments/results/")
     args = parser.parse_args()
     if args.episodes < 1 or args.batches < 1:
         parser.error(f"--episodes {args.episodes} and --batches {args.batches}: expected integers >= 1")
-    rows = [measure(run, args.episodes, args.batches) for run in run_dirs(args.runs)]
+    if any(cap <= 0 for cap in args.caps):
+        parser.error(f"--caps {args.caps}: expected numbers > 0")
+    rows = [measure(run, args.episodes, args.batches, tuple(args.caps)) for run in run_dirs(args.runs)]
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(rows, indent=1) + "\n")
     lines = ["| run | env steps | live hindsight rows | beyond +clip | beyond -clip | log rho 1% / 50% / 99% / max |"
-             " mean abs log ratio per step | ESS clipped / unclipped | weights' relative L1 change |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             " mean abs log ratio per step | ESS clipped / unclipped | weights' relative L1 change |"
+             + "".join(f" ESS at ±{cap:g} |" for cap in args.caps),
+             "|---|---|---|---|---|---|---|---|---|" + "---|" * len(args.caps)]
     for row in rows:
         for b in row["batches"]:
             q = b["log_ratio_quantiles"]
             lines.append(f"| {row['run']} | {row['env_steps']:,} | {b['rows']:,} | {b['above_clip']:.2%} | "
                          f"{b['below_clip']:.2%} | {q[1]:.1f} / {q[50]:.1f} / {q[99]:.1f} / {b['log_ratio_max']:.1f} | "
                          f"{b['step_log_ratio_abs_mean']:.2f} | {b['ess_clipped']:,.0f} / {b['ess_unclipped']:,.0f} | "
-                         f"{b['weights_l1_change']:.1e} |")
+                         f"{b['weights_l1_change']:.1e} |"
+                         + "".join(f" {b['ess_at_cap'][str(cap)]:,.0f} |" for cap in args.caps))
     text = f"`python experiments/log_ratio_clip.py {' '.join(sys.argv[1:])}`\n\n" + "\n".join(lines) + "\n"
     (RESULTS / f"{args.name}.md").write_text(text)
     print(text, end="")

@@ -27,6 +27,7 @@
 #     experiments/tables.sh htrpo_reach     # HTRPO on continuous FetchReach, seeds 1-3 (the recipe was tuned on seed 0)
 #     experiments/tables.sh htrpo_reach_hold  # ... with copies that run past their first success (algo.hold_goal)
 #     experiments/tables.sh htrpo_push_hold_ft  # the parked continuous-FetchPush HTRPO run trained on with algo.hold_goal
+#     experiments/tables.sh htrpo_push_cap_ft   # ... with truncated importance weights (CAP=2: algo.max_log_ratio)
 #     experiments/tables.sh hpg_push        # HPG on continuous FetchPush as the authors' published config trains it, seed 0 to 512k
 #     experiments/tables.sh htrpo_ablations # HTRPO without QKL / goal filtering / weighted IS / sparse reward / hindsight, 8 bits
 #     DRY_RUN=1 experiments/tables.sh <table>  # print the her_mpi.sweep commands a table would run, run none
@@ -70,6 +71,17 @@ sweep() {  # sweep TABLE ARGS...: one her_mpi.sweep into OUT/TABLE
     local table=$1; shift
     if [ -n "${DRY_RUN:-}" ]; then printf '%q ' python -m her_mpi.sweep --np "${NP:-2}" --out "$OUT/$table" "$@"; echo; return; fi
     (cd "$TREE" && PYTHONPATH="$TREE:$TREE/export" python -m her_mpi.sweep --np "${NP:-2}" --out "$OUT/$table" "$@")
+}
+
+push_fine_tune() {  # push_fine_tune TABLE SETS...: the parked 752k fetch_push_htrpo seed-0 run resumed with SETS
+    local run="$OUT/$1/fetch_push_htrpo/seed0"; shift
+    if [ -n "${DRY_RUN:-}" ]; then echo "resume $run $*"; return; fi
+    if [ ! -f "$run/checkpoints/latest.pt" ]; then
+        mkdir -p "$run" && cp -r "$ROOT/experiments/parked/htrpo_push/fetch_push_htrpo/seed0/." "$run/"
+        rm -f "$run/finished.json" "$run/sweep.json"  # not the recipe as swept: its label comes from config.yaml
+    fi
+    (cd "$TREE" && PYTHONPATH="$TREE:$TREE/export" mpirun -np 2 python -m her_mpi.train --resume "$run" \
+        "$@" --set "train.n_epochs=${EPOCHS:-56}")
 }
 
 condition_sweeps() {  # condition_sweeps TABLE ARGS...: the 12 predator-prey conditions (or CONDITIONS), SEEDS
@@ -236,13 +248,11 @@ htrpo_reach_hold)  # ... with copies that run past their first success (algo.hol
 htrpo_push_hold_ft)  # the parked fetch_push_htrpo seed-0 run (752k steps, test <= 0.05 since 160k, yet its policy
     # reaches the goal with the object in ~half of its episodes and pushes on past it) trained on with algo.hold_goal to
     # EPOCHS (default 56: +144k steps). A diagnostic of hold_goal on Push, not a recipe's curve
-    run="$OUT/htrpo_push_hold_ft/fetch_push_htrpo/seed0"
-    if [ ! -f "$run/checkpoints/latest.pt" ]; then
-        mkdir -p "$run" && cp -r "$ROOT/experiments/parked/htrpo_push/fetch_push_htrpo/seed0/." "$run/"
-        rm -f "$run/finished.json" "$run/sweep.json"  # not the recipe as swept: its label comes from config.yaml
-    fi
-    (cd "$TREE" && PYTHONPATH="$TREE:$TREE/export" mpirun -np 2 python -m her_mpi.train --resume "$run" \
-        --set algo.hold_goal=true --set "train.n_epochs=${EPOCHS:-56}") ;;
+    push_fine_tune htrpo_push_hold_ft --set algo.hold_goal=true ;;
+htrpo_push_cap_ft)  # the same 752k run trained on with truncated importance weights (algo.max_log_ratio=2: ESS of the
+    # hindsight weights 65k instead of 8.8k of 265k rows on one batch, htrpo_log_ratio_clip.md) to EPOCHS
+    # (default 56: +144k steps). Does the goal-specific policy learn faster once its hindsight copies weigh again?
+    push_fine_tune htrpo_push_cap_ft --set "algo.max_log_ratio=${CAP:-2}" ;;
 hpg_push)  # the HTRPO authors' published FetchPush config sets using_hpg, so their code trains HPG there
     # (fetch_push_hpg); fetch_push_htrpo (the trust-region reading) is still at the untrained level at 900k. Screen:
     # seed 0 (SEEDS=...) to EPOCHS (default 32 epochs = 512k steps), beside fetch_push_htrpo's curve
@@ -348,6 +358,6 @@ htrpo_push_levers)  # HTRPO continuous FetchPush, seed 0 to 320k (20 epochs; EPO
             --set "train.n_epochs=${EPOCHS:-20}"
     done ;;
 *)
-    echo "usage: experiments/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|push_td3_diag|push_sac_diag|other_tasks|htrpo_discrete|htrpo_reach_discrete|htrpo_reach_entropy|htrpo_push_discrete|htrpo_push|ms_pacman|ms_pacman_htrpo_levers|hpg_screen|htrpo_vs_hpg|htrpo_ablations|htrpo_reach|htrpo_reach_fast|htrpo_bits|htrpo_bits32|bitflip_dqn|predator_prey|predator_prey_sac|predator_prey_shift|predator_prey_shift_clip|predator_prey_static|push_updates|robotics_updates|push_ranks|push_ranks_scheduled|push_ranks_cycle_targets|htrpo_push_levers|htrpo_push_authors|htrpo_slide" >&2
+    echo "usage: experiments/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|push_td3_diag|push_sac_diag|other_tasks|htrpo_discrete|htrpo_reach_discrete|htrpo_reach_entropy|htrpo_push_discrete|htrpo_push|ms_pacman|ms_pacman_htrpo_levers|hpg_screen|htrpo_vs_hpg|htrpo_ablations|htrpo_reach|htrpo_reach_fast|htrpo_bits|htrpo_bits32|bitflip_dqn|predator_prey|predator_prey_sac|predator_prey_shift|predator_prey_shift_clip|predator_prey_static|push_updates|robotics_updates|push_ranks|push_ranks_scheduled|push_ranks_cycle_targets|htrpo_push_levers|htrpo_push_authors|htrpo_slide|htrpo_push_hold_ft|htrpo_push_cap_ft|hpg_push" >&2
     exit 2 ;;
 esac

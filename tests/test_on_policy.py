@@ -355,6 +355,27 @@ def test_htrpo_ended_copies_stay_in_the_normaliser_with_their_last_ratio():
     np.testing.assert_allclose(running[3, 1:], 1.0, rtol=1e-5)
 
 
+def test_htrpo_max_log_ratio_truncates_each_copys_cumulative_ratio():
+    agent, _ = predator_prey_agent("htrpo")
+    ag = np.array([[[0.0], [1.0], [2.0], [3.0]], [[0.0], [-1.0], [-2.0], [-3.0]]], np.float32)
+    episodes = predator_prey_episodes(ag, 9.0)
+    episodes.actions[:] = np.random.default_rng(0).normal(size=episodes.actions.shape)
+    agent.params.weighted_is = False  # the ratios themselves
+    goals = np.array([[-3.0]], np.float32)  # neither copy reaches it: both run 3 steps
+    batch, data = agent.build_batch(episodes, goals)
+    rho = np.zeros(data.mask.shape)
+    rho[data.rows] = batch["hindsight_weights"].numpy()
+    log_rho = np.log(rho[2:])
+    cap = float(np.abs(log_rho).max()) / 2
+    assert cap > 0
+    agent.params.max_log_ratio = cap
+    batch, data = agent.build_batch(episodes, goals)
+    capped = np.zeros(data.mask.shape)
+    capped[data.rows] = batch["hindsight_weights"].numpy()
+    np.testing.assert_allclose(capped[2:], np.exp(np.clip(log_rho, -cap, cap)), rtol=1e-5)
+    assert not np.allclose(capped[2:], rho[2:])
+
+
 def test_htrpo_weighted_importance_sampling_is_normalised_over_episodes_per_goal_and_step():
     agent, _ = predator_prey_agent("htrpo")
     ag = np.array([[[0.0], [1.0], [2.0], [3.0]], [[0.0], [-1.0], [-2.0], [-3.0]], [[0.0], [1.0], [1.0], [1.0]]],

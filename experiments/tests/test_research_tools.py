@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import her_mpi.algos.htrpo as htrpo
 from her_mpi.config import load_config
 from her_mpi.settings import UnusedSettingWarning
 
@@ -130,7 +129,8 @@ def test_early_signals_average_each_span_and_mark_spans_a_run_has_not_reached(tm
 
 def test_the_log_ratio_clip_measure_compares_clipped_with_unclipped_weights_and_restores_the_clip():
     log_ratio_clip = research_script("log_ratio_clip")
-    limit = htrpo.MAX_LOG_RATIO
+    params = types.SimpleNamespace(max_log_ratio=20.0)
+    limit = params.max_log_ratio
     # one original episode (row 0) and two hindsight copies of 3 steps: copy 1 climbs past +limit at its last step
     data = types.SimpleNamespace(mask=np.ones((3, 3), bool))
     copy, t = np.repeat(np.arange(3), 3), np.tile(np.arange(3), 3)
@@ -140,11 +140,14 @@ def test_the_log_ratio_clip_measure_compares_clipped_with_unclipped_weights_and_
         grid = np.zeros(data.mask.shape)
         grid[copy, t] = log_ratio
         grid[:n_original] = 0
-        return np.exp(np.clip(np.cumsum(grid, axis=1), -htrpo.MAX_LOG_RATIO, htrpo.MAX_LOG_RATIO))[copy, t]
+        return np.exp(np.clip(np.cumsum(grid, axis=1), -params.max_log_ratio, params.max_log_ratio))[copy, t]
 
-    clipped, measures = log_ratio_clip.batch_measures(weights, data, copy, t, log_ratio, 1, 2)
-    assert htrpo.MAX_LOG_RATIO == limit
+    clipped, measures = log_ratio_clip.batch_measures(weights, params, data, copy, t, log_ratio, 1, 2, caps=(1.0,))
+    assert params.max_log_ratio == limit
     assert np.allclose(clipped, weights(data, copy, t, log_ratio, 1, 2))
     assert measures["rows"] == 6 and measures["above_clip"] == 1 / 6 and measures["below_clip"] == 0
     assert measures["log_ratio_max"] == limit + 1
     assert 0 < measures["weights_l1_change"] < 1 and measures["ess_clipped"] > measures["ess_unclipped"]
+    # at a clip of 1 copy 1's cumulative log ratios (10, 20, 21) weigh e^1 each, copy 2's (-1 each) e^-1
+    expected = np.exp([1, 1, 1, -1, -1, -1])
+    assert np.isclose(measures["ess_at_cap"]["1.0"], expected.sum() ** 2 / (expected ** 2).sum())

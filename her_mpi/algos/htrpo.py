@@ -55,9 +55,6 @@ from her_mpi.nets import FlatParameters
 from her_mpi.optim import SyncedAdam
 from her_mpi.rollout import Episodes
 
-MAX_LOG_RATIO = 20.0  # per-decision log importance ratios are clipped to avoid overflow
-
-
 @dataclass
 class HindsightParams(OnPolicyParams):
     """What HTRPO and HPG share: goal choice, relabelling, importance weights, critic."""
@@ -68,6 +65,10 @@ class HindsightParams(OnPolicyParams):
     is_normaliser: Literal["all", "running"] = setting(
         "all", "weighted IS: per (goal, step) divide by the ratios of all copies, an ended one at its last ratio "
                "(the paper's estimator over trajectories), or of the copies still running only (the authors' code)")
+    max_log_ratio: float = setting(
+        20.0, "each copy's cumulative log importance ratio log rho_t is clipped to +-this: 20 only keeps exp() "
+              "finite (weights below e^-20 are nothing beside the rest either way); small values (1-5) truncate "
+              "the weights, so the hindsight copies of a goal-specific policy keep some weight (biased)")
     original_goals: bool = setting(True, "also learn from the episodes under their own goals (the authors' "
                                          "configs: false)")
     reward: Literal["sparse", "dense"] = setting(
@@ -118,6 +119,7 @@ class HindsightParams(OnPolicyParams):
         super().validate(path)
         check(self.entropy_coef >= 0, f"{path}.entropy_coef", self.entropy_coef, "a number >= 0")
         check(self.critic_iters >= 1, f"{path}.critic_iters", self.critic_iters, "an integer >= 1")
+        check(self.max_log_ratio > 0, f"{path}.max_log_ratio", self.max_log_ratio, "a number > 0")
         for name in ("n_goals", "critic_batch_size"):
             check(getattr(self, name) >= 0, f"{path}.{name}", getattr(self, name), "an integer >= 0")
         check(0.0 <= self.gae_lambda <= 1.0, f"{path}.gae_lambda", self.gae_lambda, "a number in [0, 1]")
@@ -132,7 +134,7 @@ class HindsightParams(OnPolicyParams):
         unused = super().unused_keys(config)
         if not self.hindsight:  # an ablation of a recipe tuned with hindsight: warned, not refused
             for name in ("goal_filtering", "goal_filtering_scale", "n_goals", "goal_decimals",
-                         "drop_instant_successes"):
+                         "drop_instant_successes", "max_log_ratio"):
                 unused[f"algo.{name}"] = Unused("it chooses hindsight goals, and algo.hindsight is false", refuse=False)
         if not self.critic:  # an ablation of a recipe tuned with a critic: warned, not refused
             for name in ("gae_lambda", "critic_iters", "critic_batch_size", "lr_critic", "bootstrap_time_limit"):
@@ -360,7 +362,8 @@ class HindsightAgent(OnPolicyAgent):
         grid = np.zeros((M, T))
         grid[copy, t] = log_ratio
         grid[:n_original] = 0.0  # the original goals: on-policy data
-        rho = np.exp(np.clip(np.cumsum(grid, axis=1), -MAX_LOG_RATIO, MAX_LOG_RATIO))  # frozen after the end
+        cap = self.params.max_log_ratio
+        rho = np.exp(np.clip(np.cumsum(grid, axis=1), -cap, cap))  # frozen after the end
         rho[data.length == 0] = 0.0  # dropped copies (drop_instant_successes) are not in the estimator at all
         h = rho * data.mask
         if self.params.weighted_is:
