@@ -361,7 +361,7 @@ def test_htrpo_max_log_ratio_truncates_each_copys_cumulative_ratio():
     episodes = predator_prey_episodes(ag, 9.0)
     episodes.actions[:] = np.random.default_rng(0).normal(size=episodes.actions.shape)
     agent.params.weighted_is = False  # the ratios themselves
-    goals = np.array([[-3.0]], np.float32)  # neither copy reaches it: both run 3 steps
+    goals = np.array([[-3.0]], np.float32)  # far from both episodes for their first steps: every row has a ratio
     batch, data = agent.build_batch(episodes, goals)
     rho = np.zeros(data.mask.shape)
     rho[data.rows] = batch["hindsight_weights"].numpy()
