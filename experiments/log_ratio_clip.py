@@ -39,17 +39,17 @@ def batch_measures(weights, params, data, copy, t, log_ratio, n_original, n_goal
                    caps=()) -> tuple[np.ndarray, dict]:
     """The clipped weights training uses, how they differ from unclipped ones, and their ESS at other caps."""
     limit = params.max_log_ratio
+
+    def weights_at(cap: float) -> np.ndarray:  # the weights at another clip; the run's own restored after
+        params.max_log_ratio = cap
+        try:
+            return weights(data, copy, t, log_ratio, n_original, n_goals)
+        finally:
+            params.max_log_ratio = limit
+
     clipped = weights(data, copy, t, log_ratio, n_original, n_goals)
+    unclipped = weights_at(np.inf)
     hindsight = copy >= n_original
-    ess_at = {}
-    try:
-        for cap in (np.inf, *caps):
-            params.max_log_ratio = cap
-            ess_at[cap] = (weights(data, copy, t, log_ratio, n_original, n_goals) if cap == np.inf
-                           else effective_sample_size(weights(data, copy, t, log_ratio, n_original, n_goals)[hindsight]))
-    finally:
-        params.max_log_ratio = limit
-    unclipped = ess_at.pop(np.inf)
     grid = np.zeros(data.mask.shape)
     grid[copy, t] = log_ratio
     cumulative = np.cumsum(grid[n_original:], axis=1)[data.mask[n_original:].astype(bool)]
@@ -60,7 +60,7 @@ def batch_measures(weights, params, data, copy, t, log_ratio, n_original, n_goal
         "log_ratio_max": float(cumulative.max()), "step_log_ratio_abs_mean": float(np.abs(log_ratio[hindsight]).mean()),
         "ess_clipped": effective_sample_size(clipped[hindsight]),
         "ess_unclipped": effective_sample_size(unclipped[hindsight]),
-        "ess_at_cap": {str(cap): ess for cap, ess in ess_at.items()},
+        "ess_at_cap": {str(cap): effective_sample_size(weights_at(cap)[hindsight]) for cap in caps},
         "weights_l1_change": float(np.abs(clipped[hindsight] - unclipped[hindsight]).sum()
                                    / max(float(unclipped[hindsight].sum()), 1e-300))}
 
