@@ -1,75 +1,10 @@
-"""Shared helpers: run programs under a real ``mpirun`` with the interpreter running pytest."""
+"""Fixtures for every test (the shared helpers are in helpers.py)."""
 
 from __future__ import annotations
 
-import os
-import random
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import pytest
 
-from her_mpi.logger import read_progress  # noqa: F401  (the one progress.csv reader, for the tests)
-
-ROOT = Path(__file__).resolve().parents[1]
-PROGRAMS = Path(__file__).resolve().parent / "programs"
-
-
-def ros_domain_id() -> int:
-    """A random DDS domain (100-229) for one test's ROS 2 nodes, from a range of its own for each
-    pytest-xdist worker (pytest.ini runs two), so that tests running at the same time never share one."""
-    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
-    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
-    width = 130 // workers
-    low = 100 + (worker % workers) * width
-    return random.randint(low, low + width - 1)
-
-
-def mpi_env() -> dict:
-    env = dict(os.environ)
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_mpi_yield_when_idle="1",
-               PYTHONUNBUFFERED="1")
-    return env
-
-
-def run_mpi(n: int, args: list[str], timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """``mpirun -np n python ARGS`` with this interpreter; returns the finished process."""
-    cmd = ["mpirun", "--oversubscribe", "-np", str(n), sys.executable, *map(str, args)]
-    started = time.monotonic()
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=mpi_env(),
-                            cwd=cwd or ROOT)
-    result.elapsed = time.monotonic() - started
-    return result
-
-
-def run_python(args: list[str], timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """The same program without mpirun (an MPI world of size 1)."""
-    result = subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True,
-                            timeout=timeout, env=mpi_env(), cwd=cwd or ROOT)
-    return result
-
-
-def measures_time_or_memory(column: str) -> bool:
-    """progress.csv's clock and memory columns (``time_s``, ``learn_update_ms``, ``max_rss_mb``,
-    ``wait_max_s``, ``steps_per_s``...): they differ between runs that learn identically."""
-    return column.endswith(("_s", "_ms", "_mb"))
-
-
-def learning_rows(run_dir: Path) -> list[dict]:
-    """progress.csv without the columns that measure time or memory."""
-    return [{k: v for k, v in row.items() if not measures_time_or_memory(k)} for row in read_progress(run_dir)]
-
-
-def describe(result: subprocess.CompletedProcess) -> str:
-    return f"exit {result.returncode}\n--- stdout ---\n{result.stdout[-4000:]}\n--- stderr ---\n{result.stderr[-4000:]}"
-
-
-# Tiny schedules for plumbing tests: a few updates, a few episodes.
-TINY = ["--set", "train.n_cycles=2", "--set", "train.n_batches=3", "--set", "train.n_test_episodes=4",
-        "--set", "train.batch_size=32", "--set", "log.tensorboard=false"]
+from helpers import TINY
 
 
 @pytest.fixture

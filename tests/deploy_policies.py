@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import TINY, describe, run_python
+from helpers import TINY, describe, run_python
 
 RECIPES = {"fetch_reach": ["--set", "train.n_epochs=1"],
            "bitflip": ["--config", "bitflip_10_dqn", "--set", "train.n_epochs=1"]}

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import mpi_env
+from helpers import mpi_env
 
 AGENT = """#!/bin/bash
 # ssh stand-in for Open MPI: run COMMAND on host $1, a UTS namespace named after it

@@ -1,6 +1,6 @@
 """A policy controller node plus a test node that feeds it and listens to it, with real rclpy.
 
-Each harness has its own rclpy context on a random DDS domain (conftest.ros_domain_id), so tests
+Each harness has its own rclpy context on a random DDS domain (helpers.ros_domain_id), so tests
 (the other pytest worker's, and other test sessions on the machine) do not hear each other.
 """
 
@@ -16,7 +16,7 @@ from geometry_msgs.msg import PointStamped
 from rclpy.executors import SingleThreadedExecutor
 from std_msgs.msg import Float64MultiArray
 
-from conftest import ros_domain_id
+from helpers import ros_domain_id
 
 
 def new_context() -> rclpy.Context:

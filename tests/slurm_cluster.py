@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import mpi_env
+from helpers import mpi_env
 
 INSTALL = "apt-get install -y slurm-wlm munge"
 

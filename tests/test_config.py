@@ -16,7 +16,7 @@ from her_mpi.config import (SECTIONS, Config, ConfigError, UnusedSettingWarning,
 from her_mpi.envs import env_spec, make_env
 from her_mpi.optim.kfac import KFACParams
 from her_mpi.trainer import build_agent
-from conftest import ROOT, describe, run_python
+from helpers import ROOT, describe, run_python
 
 RECIPES = sorted((ROOT / "configs").glob("*.yaml"))
 

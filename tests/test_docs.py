@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 
 pytest.importorskip("mkdocs", reason="the docs tools: pip install -e '.[docs]'")
 

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from conftest import PROGRAMS, ROOT, TINY, describe, mpi_env, read_progress, run_mpi
+from helpers import PROGRAMS, ROOT, TINY, describe, mpi_env, read_progress, run_mpi
 
 pytestmark = pytest.mark.mpi
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, mpi_env
+from helpers import ROOT, mpi_env
 from her_mpi import run_status
 from her_mpi.launch import training_run_dir
 

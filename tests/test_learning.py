@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import describe, read_progress, run_mpi
+from helpers import describe, read_progress, run_mpi
 
 pytestmark = [pytest.mark.slow, pytest.mark.mpi]
 

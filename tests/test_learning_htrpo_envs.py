@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import describe, read_progress, run_mpi, run_python
+from helpers import describe, read_progress, run_mpi, run_python
 from her_mpi.checkpoint import load_checkpoint
 from her_mpi.config import EnvConfig, config_from_dict
 from her_mpi.envs import EnvSpec, make_env

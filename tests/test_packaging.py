@@ -13,7 +13,7 @@ from email.parser import Parser
 
 import pytest
 
-from conftest import ROOT, describe
+from helpers import ROOT, describe
 
 # what a wheel is built from: the source tree without runs, caches, tests or benchmarks
 NOT_SOURCE = shutil.ignore_patterns(".git", "runs", "build", "dist", "*.egg-info", "__pycache__", ".hypothesis",

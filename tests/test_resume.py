@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import PROGRAMS, ROOT, TINY, describe, learning_rows, mpi_env, read_progress, run_mpi
+from helpers import PROGRAMS, ROOT, TINY, describe, learning_rows, mpi_env, read_progress, run_mpi
 
 pytestmark = pytest.mark.mpi
 

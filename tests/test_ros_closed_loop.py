@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT, ros_domain_id
+from helpers import ROOT, ros_domain_id
 
 pytest.importorskip("rclpy", reason="the ROS 2 wheels: pip install -e '.[ros]'")
 

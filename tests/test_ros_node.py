@@ -18,7 +18,7 @@ from rclpy.time import Time  # noqa: E402
 from geometry_msgs.msg import PointStamped  # noqa: E402
 from std_msgs.msg import Float64MultiArray  # noqa: E402
 
-from conftest import ROOT, describe, ros_domain_id  # noqa: E402
+from helpers import ROOT, describe, ros_domain_id  # noqa: E402
 from deploy_policies import exported_policy  # noqa: E402
 from her_mpi_runtime import Policy  # noqa: E402
 from her_mpi_runtime.diagnostics import ControlStats, Window, diagnostic_array  # noqa: E402

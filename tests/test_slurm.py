@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TINY, read_progress
+from helpers import ROOT, TINY, read_progress
 from slurm_cluster import PARTITION, Slurm, missing_requirements
 
 pytestmark = [pytest.mark.mpi,

@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import describe, run_python
+from helpers import describe, run_python
 from her_mpi.config import load_config
 from her_mpi.envs import EnvSpec
 from her_mpi.mlp import CriticEnsemble, mlp

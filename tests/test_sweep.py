@@ -16,7 +16,7 @@ import pytest
 import yaml
 from scipy import stats
 
-from conftest import ROOT, describe, mpi_env, run_mpi
+from helpers import ROOT, describe, mpi_env, run_mpi
 from fake_runs import fake_run
 from her_mpi import plot
 from her_mpi.config import ConfigError, load_config

@@ -13,7 +13,7 @@ from her_mpi.envs import EnvSpec
 from her_mpi.logger import progress_line
 from her_mpi.trainer import agent_from_checkpoint, build_agent
 
-from conftest import PROGRAMS, TINY, describe, read_progress, run_mpi, run_python
+from helpers import PROGRAMS, TINY, describe, read_progress, run_mpi, run_python
 
 pytestmark = pytest.mark.mpi
 

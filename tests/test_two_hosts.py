@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from conftest import PROGRAMS, TINY, describe, learning_rows, read_progress, run_mpi
+from helpers import PROGRAMS, TINY, describe, learning_rows, read_progress, run_mpi
 from fake_hosts import FakeCluster, missing_requirements
 
 pytestmark = [pytest.mark.mpi,

@@ -15,7 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import TINY, describe, read_progress, run_mpi
+from helpers import TINY, describe, read_progress, run_mpi
 from deploy_policies import exported_policy
 from her_mpi import video
 from her_mpi.config import EnvConfig

@@ -9,7 +9,7 @@ import sys
 import pytest
 from scipy import stats
 
-from conftest import ROOT
+from helpers import ROOT
 from her_mpi_runtime import Policy, zoo
 
 EPISODES = 20
