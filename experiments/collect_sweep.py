@@ -101,9 +101,13 @@ def main() -> int:
                         help="only these seeds' runs (e.g. the held-out seeds, leaving out the one a recipe was "
                              "screened on; repeatable)")
     args = parser.parse_args()
+    destination = RESULTS / "runs" / args.name
     for sweep in args.sweeps:
-        if not sweep.is_dir():
-            parser.error(f"{str(sweep)!r}: expected a sweep directory (python -m her_mpi.sweep --out)")
+        if not sweep.is_dir() and not (destination / sweep.name).is_dir():
+            parser.error(f"{str(sweep)!r}: expected a sweep directory (python -m her_mpi.sweep --out), or one whose "
+                         f"runs are stored in {(destination / sweep.name).relative_to(ROOT)}")
+        if not sweep.is_dir():  # runs/ did not survive a session: the finished runs stored earlier stay
+            print(f"{sweep} is gone: keeping the runs stored from it")
     recipes = set(args.recipe)
     present = {run.parent.relative_to(sweep).parts[0] for sweep in args.sweeps for run in sweep.rglob("progress.csv")}
     if recipes - present:
@@ -113,7 +117,6 @@ def main() -> int:
     if {f"seed{s}" for s in seeds} - present_seeds:
         parser.error(f"--seed {sorted(s for s in seeds if f'seed{s}' not in present_seeds)}: no such runs under the "
                      f"sweeps; they hold {sorted(present_seeds)}")
-    destination = RESULTS / "runs" / args.name
     copied = refresh(destination, args.sweeps, args.finished_only, args.drop_missing, recipes or None, seeds or None)
     print(f"{copied} run(s) in {destination.relative_to(ROOT)}")
     return subprocess.call([sys.executable, "-m", "her_mpi.plot", str(destination), "-o",
