@@ -102,12 +102,11 @@ def main() -> int:
                              "screened on; repeatable)")
     args = parser.parse_args()
     destination = RESULTS / "runs" / args.name
-    for sweep in args.sweeps:
-        if not sweep.is_dir() and not (destination / sweep.name).is_dir():
+    for sweep in (sweep for sweep in args.sweeps if not sweep.is_dir()):
+        if not (destination / sweep.name).is_dir():
             parser.error(f"{str(sweep)!r}: expected a sweep directory (python -m her_mpi.sweep --out), or one whose "
                          f"runs are stored in {(destination / sweep.name).relative_to(ROOT)}")
-        if not sweep.is_dir():  # runs/ did not survive a session: the finished runs stored earlier stay
-            print(f"{sweep} is gone: keeping the runs stored from it")
+        print(f"{sweep} is gone: keeping the runs stored from it")  # runs/ did not survive a session
     recipes = set(args.recipe)
     present = {run.parent.relative_to(sweep).parts[0] for sweep in args.sweeps for run in sweep.rglob("progress.csv")}
     if recipes - present:
