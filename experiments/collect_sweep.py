@@ -55,8 +55,18 @@ def copy_runs(sweep: Path, destination: Path, finished_only: bool = False, recip
 
 def refresh(destination: Path, sweeps: list[Path], finished_only: bool, drop_missing: bool = False,
             recipes: set[str] | None = None, seeds: set[int] | None = None) -> int:
-    """Replace destination's stored runs with the sweeps' runs, keeping finished runs whose source is gone."""
-    kept = {}
+    """Replace destination's stored runs with the sweeps' runs, keeping finished runs whose source is gone.
+
+    The new tree is written beside the old one and swapped in at the end, so a collect stopped part-way
+    leaves the stored runs as they were.
+    """
+    staging, retired = (destination.with_name(f".{destination.name}.{part}") for part in ("new", "old"))
+    if retired.is_dir() and not destination.exists():  # a collect stopped between the two renames below
+        retired.rename(destination)
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.rmtree(retired, ignore_errors=True)
+    copied = sum(copy_runs(sweep, staging / sweep.name, finished_only, recipes, seeds) for sweep in sweeps)
+    kept = 0
     if not drop_missing and destination.is_dir():
         by_sweep = {sweep.name: sweep for sweep in sweeps}
         for finished in sorted(destination.rglob("finished.json")):
@@ -65,19 +75,21 @@ def refresh(destination: Path, sweeps: list[Path], finished_only: bool, drop_mis
             if not selected(Path(*stored.parts[1:]), recipes, seeds):
                 continue
             if sweep is not None and not (sweep / Path(*stored.parts[1:]) / "progress.csv").is_file():
-                kept[stored] = {name: (finished.parent / name).read_bytes() for name in KEPT
-                                if (finished.parent / name).is_file()}
+                (staging / stored).mkdir(parents=True)
+                for name in KEPT:
+                    if (finished.parent / name).is_file():
+                        shutil.copy2(finished.parent / name, staging / stored / name)
+                kept += 1
+                print(f"kept {stored}: finished, stored earlier, no longer under its sweep directory (--drop-missing removes it)")
         unnamed = sorted(child.name for child in destination.iterdir() if child.is_dir() and child.name not in by_sweep)
         for name in unnamed:  # a table gathered from several sweep directories loses the ones not named again
             print(f"dropped {name}/: stored earlier from a sweep directory not named this time (name it to keep its runs)")
-    shutil.rmtree(destination, ignore_errors=True)  # runs left out this time must not linger
-    copied = sum(copy_runs(sweep, destination / sweep.name, finished_only, recipes, seeds) for sweep in sweeps)
-    for stored, files in kept.items():
-        (destination / stored).mkdir(parents=True)
-        for name, content in files.items():
-            (destination / stored / name).write_bytes(content)
-        print(f"kept {stored}: finished, stored earlier, no longer under its sweep directory (--drop-missing removes it)")
-    return copied + len(kept)
+    staging.mkdir(parents=True, exist_ok=True)
+    if destination.exists():  # runs left out this time must not linger: the old tree goes whole
+        destination.rename(retired)
+    staging.rename(destination)
+    shutil.rmtree(retired, ignore_errors=True)
+    return copied + kept
 
 
 def main() -> int:

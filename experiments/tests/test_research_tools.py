@@ -65,6 +65,27 @@ def test_collecting_a_sweep_again_keeps_finished_runs_whose_directory_is_gone(tm
     assert "dropped np4/" in capsys.readouterr().out and not (stored / "np4").exists()
 
 
+
+def test_a_collect_stopped_part_way_leaves_the_stored_runs_as_they_were(tmp_path, monkeypatch):
+    collect_sweep = research_script("collect_sweep")
+    sweep, stored = tmp_path / "sweeps/pacman", tmp_path / "results/pacman"
+    fake_run(sweep / "recipe/seed0", 0, [0.1, 0.2])
+    (sweep / "recipe/seed0/finished.json").write_text("{}")
+    assert collect_sweep.refresh(stored, [sweep], finished_only=True) == 1
+    before = {path.relative_to(stored): path.read_bytes() for path in stored.rglob("*") if path.is_file()}
+    shutil.rmtree(sweep / "recipe/seed0")  # gone from the sweep: only the stored copy is left
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(collect_sweep, "copy_runs", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        collect_sweep.refresh(stored, [sweep], finished_only=True)
+    assert {path.relative_to(stored): path.read_bytes() for path in stored.rglob("*") if path.is_file()} == before
+    monkeypatch.undo()
+    assert collect_sweep.refresh(stored, [sweep], finished_only=True) == 1  # the next collect cleans up and keeps it
+    assert sorted(path.name for path in stored.parent.iterdir()) == ["pacman"]
+
 def test_parking_carries_a_run_without_its_replay_and_unparking_keeps_the_further_copy(tmp_path, monkeypatch, capsys):
     park_runs = research_script("park_runs")
     monkeypatch.setattr(park_runs, "ROOT", tmp_path)
