@@ -8,7 +8,8 @@ actions on the same episodes and prints, per checkpoint, what it does with the o
 episodes in which the object moved more than 2 cm, its mean displacement, the median closest
 gripper-object distance, the object's distance to the goal at the start and at the end, and
 whether a moved object goes towards its goal (mean cosine of its displacement with the direction
-to the goal on the table: 1 towards, 0 unrelated, -1 away).
+to the goal on the table: 1 towards, 0 unrelated, -1 away), and for the failed episodes the median
+distance from the goal at the end and the share that ended beyond the goal rather than short of it.
 With ``--name`` the rows are also saved to experiments/results/NAME.json.
 """
 
@@ -46,12 +47,20 @@ def contact(checkpoint: str, n_episodes: int, seed: int) -> dict:
     displacement, wanted = episodes.ag[:, -1, :2] - episodes.ag[:, 0, :2], goal[:, :2] - episodes.ag[:, 0, :2]
     cosine = np.sum(displacement * wanted, axis=-1) / np.maximum(
         np.linalg.norm(displacement, axis=-1) * np.linalg.norm(wanted, axis=-1), 1e-9)
+    # a failure's range error: how far the object ended from its goal, and whether beyond it (along the
+    # start-to-goal direction on the table) or short of it
+    end_distance = np.linalg.norm(episodes.ag[:, -1] - goal, axis=-1)
+    along = np.sum((episodes.ag[:, -1, :2] - goal[:, :2]) * wanted, axis=-1) / np.maximum(
+        np.linalg.norm(wanted, axis=-1), 1e-9)
+    failed = ~episodes.success.astype(bool)
     return {"policy": source, "env": env["id"], "episodes": n_episodes, "success": float(episodes.success.mean()),
             "object_moved_2cm": float(np.mean(moved > 0.02)), "mean_displacement_m": float(np.mean(moved)),
             "median_closest_gripper_object_m": float(np.median(np.linalg.norm(gripper - thing, axis=-1).min(axis=1))),
             "goal_distance_start_m": float(np.mean(np.linalg.norm(episodes.ag[:, 0] - goal, axis=-1))),
             "goal_distance_end_m": float(np.mean(np.linalg.norm(episodes.ag[:, -1] - goal, axis=-1))),
-            "push_towards_goal_cos": float(np.mean(cosine[moved > 0.02])) if np.any(moved > 0.02) else None}
+            "push_towards_goal_cos": float(np.mean(cosine[moved > 0.02])) if np.any(moved > 0.02) else None,
+            "failed_goal_distance_median_m": float(np.median(end_distance[failed])) if failed.any() else None,
+            "failed_beyond_goal_share": float(np.mean(along[failed] > 0)) if failed.any() else None}
 
 
 def main() -> None:
