@@ -35,6 +35,14 @@ def selected(run: Path, recipes: set[str] | None, seeds: set[int] | None) -> boo
     return not seeds or (seed_dir.startswith("seed") and seed_dir[4:].isdigit() and int(seed_dir[4:]) in seeds)
 
 
+def copy_small_files(run: Path, target: Path) -> None:
+    """Copy a run's KEPT files (those it has) to target, creating it."""
+    target.mkdir(parents=True, exist_ok=True)
+    for name in KEPT:
+        if (run / name).is_file():
+            shutil.copy2(run / name, target / name)
+
+
 def copy_runs(sweep: Path, destination: Path, finished_only: bool = False, recipes: set[str] | None = None,
               seeds: set[int] | None = None) -> int:
     copied = 0
@@ -44,11 +52,7 @@ def copy_runs(sweep: Path, destination: Path, finished_only: bool = False, recip
             continue
         if not selected(run.relative_to(sweep), recipes, seeds):
             continue
-        target = destination / run.relative_to(sweep)
-        target.mkdir(parents=True, exist_ok=True)
-        for name in KEPT:
-            if (run / name).is_file():
-                shutil.copy2(run / name, target / name)
+        copy_small_files(run, destination / run.relative_to(sweep))
         copied += 1
     return copied
 
@@ -75,10 +79,7 @@ def refresh(destination: Path, sweeps: list[Path], finished_only: bool, drop_mis
             if not selected(Path(*stored.parts[1:]), recipes, seeds):
                 continue
             if sweep is not None and not (sweep / Path(*stored.parts[1:]) / "progress.csv").is_file():
-                (staging / stored).mkdir(parents=True)
-                for name in KEPT:
-                    if (finished.parent / name).is_file():
-                        shutil.copy2(finished.parent / name, staging / stored / name)
+                copy_small_files(finished.parent, staging / stored)
                 kept += 1
                 print(f"kept {stored}: finished, stored earlier, no longer under its sweep directory (--drop-missing removes it)")
         unnamed = sorted(child.name for child in destination.iterdir() if child.is_dir() and child.name not in by_sweep)

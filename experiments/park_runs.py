@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from collect_sweep import KEPT, ROOT  # noqa: E402  (a run's small files: the ones results keep)
+from collect_sweep import ROOT, copy_small_files  # noqa: E402  (a run's small files: the ones results keep)
 
 sys.path.insert(1, str(ROOT))  # this checkout's her_mpi, installed or not
 from her_mpi.checkpoint import replay_dir  # noqa: E402
@@ -37,10 +37,8 @@ def epochs_done(run_dir: Path) -> int:
 
 
 def copy_run(source: Path, target: Path) -> None:
+    copy_small_files(source, target)
     (target / CHECKPOINT).parent.mkdir(parents=True, exist_ok=True)
-    for name in KEPT:
-        if (source / name).is_file():
-            shutil.copy2(source / name, target / name)
     shutil.copy2(source / CHECKPOINT, target / CHECKPOINT)
 
 
