@@ -57,7 +57,7 @@ def contact(checkpoint: str, n_episodes: int, seed: int) -> dict:
             "object_moved_2cm": float(np.mean(moved > 0.02)), "mean_displacement_m": float(np.mean(moved)),
             "median_closest_gripper_object_m": float(np.median(np.linalg.norm(gripper - thing, axis=-1).min(axis=1))),
             "goal_distance_start_m": float(np.mean(np.linalg.norm(episodes.ag[:, 0] - goal, axis=-1))),
-            "goal_distance_end_m": float(np.mean(np.linalg.norm(episodes.ag[:, -1] - goal, axis=-1))),
+            "goal_distance_end_m": float(np.mean(end_distance)),
             "push_towards_goal_cos": float(np.mean(cosine[moved > 0.02])) if np.any(moved > 0.02) else None,
             "failed_goal_distance_median_m": float(np.median(end_distance[failed])) if failed.any() else None,
             "failed_beyond_goal_share": float(np.mean(along[failed] > 0)) if failed.any() else None}
