@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The long result tables (FetchPush, the other robotics tasks, the source papers' rows) as resumable
-# sweeps (python -m her_mpi.sweep), one training at a time at np=2 (NP=N sets another). Run a table again with the same
+# sweeps (python -m her_mpi.sweep), one training at a time at np=2 (NP=N sets another; PARALLEL=K runs K of a
+# sweep's seeds at once, for single-rank runs that leave a core idle). Run a table again with the same
 # command after any interruption: finished runs are skipped, interrupted ones resume from their last
 # checkpoint. Then keep the results in the repository:
 #     python experiments/collect_sweep.py runs/sweeps/<table> --name <table>
@@ -50,6 +51,7 @@
 #     SEEDS="3 4" experiments/tables.sh slide_best  # fetch_slide_best (TD3) to 1M env steps, seeds 0-4 by default (~91 min each)
 #     experiments/tables.sh slide_updates   # ... with twice the updates per cycle (n_batches 80), seed 0 to 1M
 #     experiments/tables.sh push_ranks      # the Push recipe (n_batches 80) at np 1, 2, 4, 8, 3 seeds each, 400k: how -np changes learning
+#     SEEDS=0,1 RANKS=1 PARALLEL=2 experiments/tables.sh push_ranks  # ... np 1 on two seeds at once, one core each
 #     experiments/tables.sh push_ranks_scheduled  # ... at np 8 with train.schedule_ranks=2 (the 2-rank updates per env step), 3 seeds
 #     experiments/tables.sh push_ranks_cycle_targets  # ... np 8 scheduled, targets once per 320-update cycle, seed 0
 #     EPOCHS=20 experiments/tables.sh htrpo_slide  # HTRPO FetchSlideDiscrete and continuous FetchSlide, the authors' configs, 2M steps
@@ -71,8 +73,9 @@ cap=(); if [ -n "${EPOCHS:-}" ]; then cap=(--set "train.n_epochs=$EPOCHS"); fi
 
 sweep() {  # sweep TABLE ARGS...: one her_mpi.sweep into OUT/TABLE
     local table=$1; shift
-    if [ -n "${DRY_RUN:-}" ]; then printf '%q ' python -m her_mpi.sweep --np "${NP:-2}" --out "$OUT/$table" "$@"; echo; return; fi
-    (cd "$TREE" && PYTHONPATH="$TREE:$TREE/export" python -m her_mpi.sweep --np "${NP:-2}" --out "$OUT/$table" "$@")
+    local runner=(python -m her_mpi.sweep --np "${NP:-2}" --parallel "${PARALLEL:-1}" --out "$OUT/$table" "$@")
+    if [ -n "${DRY_RUN:-}" ]; then printf '%q ' "${runner[@]}"; echo; return; fi
+    (cd "$TREE" && PYTHONPATH="$TREE:$TREE/export" "${runner[@]}")
 }
 
 push_fine_tune() {  # push_fine_tune TABLE SETS...: the parked 752k fetch_push_htrpo seed-0 run resumed with SETS
