@@ -10,6 +10,10 @@ gripper-object distance, the object's distance to the goal at the start and at t
 whether a moved object goes towards its goal (mean cosine of its displacement with the direction
 to the goal on the table: 1 towards, 0 unrelated, -1 away), and for the failed episodes the median
 distance from the goal at the end and the share that ended beyond the goal rather than short of it.
+For tasks with goals in the air (PickAndPlace) it splits success by where the goal is and says how
+often the object was lifted when it had to be: a policy that fails the air goals without lifting
+lacks the grasp, one that lifts and still fails lacks the placing. A policy is a run directory, a
+checkpoint, an exported .onnx file or ``zoo:NAME``.
 With ``--name`` the rows are also saved to experiments/results/NAME.json.
 """
 
@@ -28,8 +32,10 @@ from her_mpi.rollout import RolloutWorker
 from her_mpi.settings import EnvConfig
 
 
-def contact(checkpoint: str, n_episodes: int, seed: int) -> dict:
-    act, config, source, _ = load_policy(SimpleNamespace(checkpoint=checkpoint, policy=None))
+def contact(policy: str, n_episodes: int, seed: int) -> dict:
+    exported = policy.endswith(".onnx") or policy.startswith("zoo:")
+    act, config, source, _ = load_policy(SimpleNamespace(checkpoint=None if exported else policy,
+                                                         policy=policy if exported else None))
     env = config["env"]
     worker = RolloutWorker(EnvConfig(env["id"], env.get("kwargs", {}), env.get("max_episode_steps")),
                            min(10, n_episodes), np.random.SeedSequence(seed))
@@ -53,6 +59,15 @@ def contact(checkpoint: str, n_episodes: int, seed: int) -> dict:
     along = np.sum((episodes.ag[:, -1, :2] - goal[:, :2]) * wanted, axis=-1) / np.maximum(
         np.linalg.norm(wanted, axis=-1), 1e-9)
     failed = ~episodes.success.astype(bool)
+    # goals more than 2 cm above the object's start are in the air: reachable only by lifting it
+    in_air = goal[:, 2] - episodes.ag[:, 0, 2] > 0.02
+    lifted = (episodes.ag[:, :, 2] - episodes.ag[:, :1, 2]).max(axis=1) > 0.02
+    by_goal_height = {} if not in_air.any() else {
+        "goal_in_air_share": float(np.mean(in_air)),
+        "success_goal_in_air": float(np.mean(~failed[in_air])),
+        "success_goal_on_table": float(np.mean(~failed[~in_air])) if (~in_air).any() else None,
+        "lifted_when_goal_in_air": float(np.mean(lifted[in_air])),
+        "failed_in_air_lifted_share": float(np.mean(lifted[in_air & failed])) if (in_air & failed).any() else None}
     return {"policy": source, "env": env["id"], "episodes": n_episodes, "success": float(episodes.success.mean()),
             "object_moved_2cm": float(np.mean(moved > 0.02)), "mean_displacement_m": float(np.mean(moved)),
             "median_closest_gripper_object_m": float(np.median(np.linalg.norm(gripper - thing, axis=-1).min(axis=1))),
@@ -60,20 +75,21 @@ def contact(checkpoint: str, n_episodes: int, seed: int) -> dict:
             "goal_distance_end_m": float(np.mean(end_distance)),
             "push_towards_goal_cos": float(np.mean(cosine[moved > 0.02])) if np.any(moved > 0.02) else None,
             "failed_goal_distance_median_m": float(np.median(end_distance[failed])) if failed.any() else None,
-            "failed_beyond_goal_share": float(np.mean(along[failed] > 0)) if failed.any() else None}
+            "failed_beyond_goal_share": float(np.mean(along[failed] > 0)) if failed.any() else None,
+            **by_goal_height}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoints", nargs="+", help="run directories or checkpoint files of Fetch object tasks")
+    parser.add_argument("checkpoints", nargs="+", help="run directories, checkpoint files, .onnx files or zoo:NAME of Fetch object tasks")
     parser.add_argument("--episodes", type=int, default=40)
     parser.add_argument("--seed", type=int, default=1000, help="seed of the episodes (the same for every checkpoint)")
     parser.add_argument("--name", help="also save the rows to experiments/results/NAME.json")
     args = parser.parse_args()
     rows = []
-    for checkpoint in args.checkpoints:
+    for policy in args.checkpoints:
         rows.append({k: round(v, 3) if isinstance(v, float) else v
-                     for k, v in contact(checkpoint, args.episodes, args.seed).items()})
+                     for k, v in contact(policy, args.episodes, args.seed).items()})
         print(json.dumps(rows[-1]), flush=True)
     if args.name:
         save(args.name, {"episodes": args.episodes, "seed": args.seed, "policies": rows})
