@@ -13,7 +13,9 @@ distance from the goal at the end and the share that ended beyond the goal rathe
 For tasks with goals in the air (PickAndPlace) it splits success by where the goal is and says how
 often the object was lifted when it had to be: a policy that fails the air goals without lifting
 lacks the grasp, one that lifts and still fails lacks the placing. A policy is a run directory, a
-checkpoint, an exported .onnx file or ``zoo:NAME``.
+checkpoint, an exported .onnx file or ``zoo:NAME``; ``--input-clip K`` runs exported policies with
+their normalised inputs clipped at K std instead of the trained clip (no retraining): if widening the
+clip alone mends failures, the trained clip was hiding inputs the policy needed.
 With ``--name`` the rows are also saved to experiments/results/NAME.json.
 """
 
@@ -21,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -32,8 +36,36 @@ from her_mpi.rollout import RolloutWorker
 from her_mpi.settings import EnvConfig
 
 
-def contact(policy: str, n_episodes: int, seed: int) -> dict:
+def widen_input_clip(policy: str, clip: float, directory: str) -> str:
+    """A copy of an exported policy whose clip after normalising (the Clip fed by the Div) is ±clip."""
+    import onnx
+    from onnx import numpy_helper
+
+    from her_mpi_runtime.policy import resolve
+
+    model = onnx.load(str(resolve(policy)))
+    producers = {out: node for node in model.graph.node for out in node.output}
+    bounds = [name for node in model.graph.node if node.op_type == "Clip" and producers[node.input[0]].op_type == "Div"
+              for name in node.input[1:]]
+    if len(bounds) != 2:
+        raise SystemExit(f"{policy}: expected one normalised-input Clip, found {len(bounds) // 2}")
+    for tensor in model.graph.initializer:
+        if tensor.name in bounds:
+            sign = np.sign(numpy_helper.to_array(tensor))
+            tensor.CopyFrom(numpy_helper.from_array(np.asarray(sign * clip, np.float32), tensor.name))
+    path = Path(directory) / f"clip{clip:g}.onnx"
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def contact(policy: str, n_episodes: int, seed: int, input_clip: float | None = None) -> dict:
     exported = policy.endswith(".onnx") or policy.startswith("zoo:")
+    if input_clip is not None:
+        if not exported:
+            raise SystemExit(f"--input-clip needs an exported policy (.onnx or zoo:NAME), got {policy!r}")
+        with tempfile.TemporaryDirectory() as directory:
+            row = contact(widen_input_clip(policy, input_clip, directory), n_episodes, seed)
+        return {**row, "policy": f"{policy} with inputs clipped at {input_clip:g} std"}
     act, config, source, _ = load_policy(SimpleNamespace(checkpoint=None if exported else policy,
                                                          policy=policy if exported else None))
     env = config["env"]
@@ -84,6 +116,8 @@ def main() -> None:
     parser.add_argument("checkpoints", nargs="+", help="run directories, checkpoint files, .onnx files or zoo:NAME of Fetch object tasks")
     parser.add_argument("--episodes", type=int, default=40)
     parser.add_argument("--seed", type=int, default=1000, help="seed of the episodes (the same for every checkpoint)")
+    parser.add_argument("--input-clip", type=float, help="also run exported policies with normalised inputs "
+                        "clipped at this many std (no retraining)")
     parser.add_argument("--name", help="also save the rows to experiments/results/NAME.json")
     args = parser.parse_args()
     rows = []
@@ -91,6 +125,10 @@ def main() -> None:
         rows.append({k: round(v, 3) if isinstance(v, float) else v
                      for k, v in contact(policy, args.episodes, args.seed).items()})
         print(json.dumps(rows[-1]), flush=True)
+        if args.input_clip is not None:
+            rows.append({k: round(v, 3) if isinstance(v, float) else v
+                         for k, v in contact(policy, args.episodes, args.seed, args.input_clip).items()})
+            print(json.dumps(rows[-1]), flush=True)
     if args.name:
         save(args.name, {"episodes": args.episodes, "seed": args.seed, "policies": rows})
 
