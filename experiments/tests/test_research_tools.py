@@ -172,3 +172,18 @@ def test_the_log_ratio_clip_measure_compares_clipped_with_unclipped_weights_and_
     # at a clip of 1 copy 1's cumulative log ratios (10, 20, 21) weigh e^1 each, copy 2's (-1 each) e^-1
     expected = np.exp([1, 1, 1, -1, -1, -1])
     assert np.isclose(measures["ess_at_cap"]["1.0"], expected.sum() ** 2 / (expected ** 2).sum())
+
+
+def test_widening_an_exported_policys_input_clip_changes_only_inputs_beyond_the_old_clip(tmp_path):
+    from her_mpi_runtime import Policy
+
+    object_contact = research_script("object_contact")
+    trained, widened = Policy("zoo:fetch_pick_and_place"), Policy(
+        object_contact.widen_input_clip("zoo:fetch_pick_and_place", 20.0, str(tmp_path)))
+    meta = trained.metadata
+    obs, goal = np.zeros(meta.obs_dim, np.float32), np.zeros(meta.goal_dim, np.float32)
+    obs[:6] = [1.34, 0.75, 0.49, 1.34, 0.75, 0.43]  # gripper above the object on the table
+    goal[:] = [1.34, 0.75, 0.60]
+    assert np.allclose(trained.act(obs, goal), widened.act(obs, goal))
+    obs[5] = 1.0  # the object ~11 std above its mean height: past the trained clip of 5
+    assert not np.allclose(trained.act(obs, goal), widened.act(obs, goal))
