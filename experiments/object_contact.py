@@ -92,14 +92,19 @@ def contact(policy: str, n_episodes: int, seed: int, input_clip: float | None = 
         np.linalg.norm(wanted, axis=-1), 1e-9)
     failed = ~episodes.success.astype(bool)
     # goals more than 2 cm above the object's start are in the air: reachable only by lifting it
-    in_air = goal[:, 2] - episodes.ag[:, 0, 2] > 0.02
-    lifted = (episodes.ag[:, :, 2] - episodes.ag[:, :1, 2]).max(axis=1) > 0.02
+    height, rise = goal[:, 2] - episodes.ag[:, 0, 2], episodes.ag[:, :, 2] - episodes.ag[:, :1, 2]
+    in_air, lifted = height > 0.02, rise.max(axis=1) > 0.02
     by_goal_height = {} if not in_air.any() else {
         "goal_in_air_share": float(np.mean(in_air)),
         "success_goal_in_air": float(np.mean(~failed[in_air])),
         "success_goal_on_table": float(np.mean(~failed[~in_air])) if (~in_air).any() else None,
         "lifted_when_goal_in_air": float(np.mean(lifted[in_air])),
-        "failed_in_air_lifted_share": float(np.mean(lifted[in_air & failed])) if (in_air & failed).any() else None}
+        "failed_in_air_lifted_share": float(np.mean(lifted[in_air & failed])) if (in_air & failed).any() else None,
+        # per 10 cm of goal height above the object's start: [episodes, success, median end height]
+        "by_goal_height_m": {f"{low:.1f}-{low + 0.1:.1f}": [int(band.sum()), round(float(np.mean(~failed[band])), 3),
+                                                              round(float(np.median(rise[band, -1])), 3)]
+                             for low in np.arange(0.0, 0.5, 0.1)
+                             for band in [in_air & (height >= low) & (height < low + 0.1)] if band.any()}}
     return {"policy": source, "env": env["id"], "episodes": n_episodes, "success": float(episodes.success.mean()),
             "object_moved_2cm": float(np.mean(moved > 0.02)), "mean_displacement_m": float(np.mean(moved)),
             "median_closest_gripper_object_m": float(np.median(np.linalg.norm(gripper - thing, axis=-1).min(axis=1))),
