@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -46,6 +47,16 @@ class GoalConditionedInput(nn.Module):
         mean, std = self.concatenated
         return normalize(torch.cat([obs, goal], dim=-1), mean, std, obs_norm.clip_raw, obs_norm.clip,
                          obs_norm.enabled)
+
+    def beyond_clip(self, obs: np.ndarray, goal: np.ndarray) -> np.ndarray:
+        """[n, obs_dim + goal_dim] booleans for rows obs [n, obs_dim], goal [n, goal_dim]: which
+        normalised inputs the clip cuts (the networks see one value for everything beyond it)."""
+        norm = self.obs_normalizer
+        x = np.clip(np.concatenate([obs, goal], axis=-1), -norm.clip_raw, norm.clip_raw)
+        if not norm.enabled:
+            return np.zeros(x.shape, bool)
+        mean, std = (t.numpy() for t in self.concatenated)
+        return np.abs((x - mean) / std) > norm.clip
 
     def rows(self, observations: torch.Tensor, index: torch.Tensor, goals: torch.Tensor) -> torch.Tensor:
         """Inputs of the rows (observations[index[i]], goals[i]) (see ImageGoalInput.rows)."""

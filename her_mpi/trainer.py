@@ -40,6 +40,10 @@ from her_mpi.resume import EpochProgress, ResumableState
 from her_mpi.stop_signals import StopSignals
 from her_mpi.video import TrainingVideos
 
+# above this share of test steps with an input past the normaliser's clip, in this many epochs in a
+# row (the first epochs' statistics come from a few random steps), rank 0 says so, once a run
+CLIPPED_INPUTS_WARNING, CLIPPED_INPUTS_EPOCHS = 0.05, 3
+
 
 def rank_seeds(seed: int, rank: int, restart: int = 0) -> dict[str, np.random.SeedSequence]:
     """This rank's streams, split by purpose.
@@ -106,6 +110,7 @@ class Trainer(HaltAgreement, ResumableState):
         # Rank 0's policy videos (log.video_every): an env and seed of their own; made before the
         # envs so a missing OpenGL backend fails here, with a message, and MUJOCO_GL is set early.
         self.video = TrainingVideos(config, run_dir) if self.rank == 0 and config.log.video_every else None
+        self.clipped_inputs_epochs = 0  # epochs in a row above CLIPPED_INPUTS_WARNING; -1 once warned
         self.worker = RolloutWorker(config.env, train.rollouts_per_rank, seeds["train_envs"])
         self.test_episodes_per_rank = train.test_episodes_per_rank(self.size)
         self.test_worker = RolloutWorker(config.env, max(1, min(self.test_episodes_per_rank, 10)),
@@ -264,6 +269,29 @@ class Trainer(HaltAgreement, ResumableState):
         self.agent.start_episodes(self.config.train.rollouts_per_rank)
         return lambda obs, g: self.agent.act(obs, g, explore=True)
 
+    def _inputs_beyond_clip(self, test: Episodes, epoch: int) -> float | None:
+        """The share of the test steps with an input beyond the normaliser's clip; rank 0 says once
+        when it stays large, naming the input most often cut."""
+        beyond_clip = getattr(self.agent.inputs, "beyond_clip", None)  # image inputs are not normalised
+        if beyond_clip is None:
+            return None
+        taken = np.arange(test.obs.shape[1] - 1) < test.lengths[:, None]
+        clipped = beyond_clip(test.obs[:, :-1][taken], test.g[:, :-1][taken])
+        share = float(clipped.any(axis=1).mean())
+        if self.clipped_inputs_epochs >= 0:
+            self.clipped_inputs_epochs = self.clipped_inputs_epochs + 1 if share > CLIPPED_INPUTS_WARNING else 0
+        if self.clipped_inputs_epochs == CLIPPED_INPUTS_EPOCHS and self.rank == 0:
+            self.clipped_inputs_epochs = -1
+            worst = int(clipped.mean(axis=0).argmax())
+            obs_dim = test.obs.shape[-1]
+            name = f"observation[{worst}]" if worst < obs_dim else f"desired_goal[{worst - obs_dim}]"
+            print(f"her_mpi: an input lies beyond normalizer.clip={self.config.normalizer.clip:g} std of its "
+                  f"running statistics in over {CLIPPED_INPUTS_WARNING:.0%} of the test steps for "
+                  f"{CLIPPED_INPUTS_EPOCHS} epochs ({share:.0%} in epoch {epoch + 1}), most often {name} "
+                  f"({clipped[:, worst].mean():.0%} of steps); the networks see one value for all of them. If the "
+                  "task needs those values (an object lifted high), raise normalizer.clip.", flush=True)
+        return share
+
     def _epoch_row(self, epoch: int, progress: EpochProgress, test, start: float) -> dict:
         local = {"train_success_rate": float(np.mean(progress.train_success)) if progress.train_success else float("nan"),
                  **progress.timing,
@@ -272,6 +300,9 @@ class Trainer(HaltAgreement, ResumableState):
             local["test_success_rate"] = float(test.success.mean(dtype=np.float64))
             local["test_return"] = float(test.rewards.sum(axis=1).mean())
             local["test_episodes"] = float(len(test) * self.size)
+            clipped = self._inputs_beyond_clip(test, epoch)
+            if clipped is not None:
+                local["inputs_clipped"] = clipped
         metrics = [m for m in progress.metrics if m]
         # every key any cycle reported: cycles restored from a checkpoint written by older code
         # may lack a metric the resumed code adds
