@@ -66,7 +66,8 @@ def test_training_says_once_when_test_inputs_stay_beyond_the_clip(tmp_path, caps
 
     # a clip of 0.01 std cuts nearly every input of every step
     config = load_config("fetch_reach_ddpg", ["train.n_epochs=5", "train.n_cycles=1", "train.n_batches=1",
-                                              "normalizer.clip=0.01", "log.tensorboard=false"])
+                                              "train.n_test_episodes=2", "normalizer.clip=0.01",
+                                              "log.tensorboard=false"])
     trainer = Trainer(config, tmp_path / "run")
     try:
         trainer.run()
