@@ -127,12 +127,9 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     for policy in args.checkpoints:
-        rows.append({k: round(v, 3) if isinstance(v, float) else v
-                     for k, v in contact(policy, args.episodes, args.seed).items()})
-        print(json.dumps(rows[-1]), flush=True)
-        if args.input_clip is not None:
+        for input_clip in [None] + ([args.input_clip] if args.input_clip is not None else []):
             rows.append({k: round(v, 3) if isinstance(v, float) else v
-                         for k, v in contact(policy, args.episodes, args.seed, args.input_clip).items()})
+                         for k, v in contact(policy, args.episodes, args.seed, input_clip).items()})
             print(json.dumps(rows[-1]), flush=True)
     if args.name:
         save(args.name, {"episodes": args.episodes, "seed": args.seed, "policies": rows})

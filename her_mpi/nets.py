@@ -52,11 +52,11 @@ class GoalConditionedInput(nn.Module):
         """[n, obs_dim + goal_dim] booleans for rows obs [n, obs_dim], goal [n, goal_dim]: which
         normalised inputs the clip cuts (the networks see one value for everything beyond it)."""
         norm = self.obs_normalizer
-        x = np.clip(np.concatenate([obs, goal], axis=-1), -norm.clip_raw, norm.clip_raw)
+        x = torch.from_numpy(np.concatenate([obs, goal], axis=-1).astype(np.float32))
         if not norm.enabled:
             return np.zeros(x.shape, bool)
-        mean, std = (t.numpy() for t in self.concatenated)
-        return np.abs((x - mean) / std) > norm.clip
+        unclipped = normalize(x, *self.concatenated, norm.clip_raw, float("inf"))  # the forward pass's arithmetic
+        return (unclipped.abs() > norm.clip).numpy()
 
     def rows(self, observations: torch.Tensor, index: torch.Tensor, goals: torch.Tensor) -> torch.Tensor:
         """Inputs of the rows (observations[index[i]], goals[i]) (see ImageGoalInput.rows)."""
