@@ -149,6 +149,13 @@ def test_htrpo_holding_the_goal_pays_the_sparse_reward_at_every_step_there():
     assert rewards[True] == [0.0, 3.0, 0.0, 1.0]  # and at t = 3 too: staying at the goal pays
 
 
+def test_htrpo_binary_reward_pays_one_at_the_first_success_whenever_it_comes():
+    ag = np.array([[[0.0], [1.0], [2.0], [1.0], [2.0]]], np.float32)  # at 2 after steps 2 and 4
+    agent, _ = predator_prey_agent("htrpo", "algo.original_goals=false", "algo.reward=binary")
+    batch, _ = agent.build_batch(predator_prey_episodes(ag, 9.0), np.array([[2.0]], np.float32))
+    assert batch["rewards"].tolist() == [0.0, 1.0]  # sparse would pay T - t = 3
+
+
 def test_evaluation_counts_a_goal_reached_and_left_as_reached_not_as_success():
     from her_mpi.evaluate import reached_goal
 

@@ -35,7 +35,7 @@ The objective uses the same h * gamma^t / N_traj (the authors' HPG loss; for HTR
 does not matter, the step is sized by the constraint).
 
 Ablations: ``kl: qkl | analytic | logratio``, ``goal_filtering``, ``weighted_is``,
-``reward: sparse | dense``; ``hindsight: false`` is plain TRPO.
+``reward: sparse | binary | dense``; ``hindsight: false`` is plain TRPO.
 """
 
 from __future__ import annotations
@@ -71,8 +71,10 @@ class HindsightParams(OnPolicyParams):
               "the weights, so the hindsight copies of a goal-specific policy keep some weight (biased)")
     original_goals: bool = setting(True, "also learn from the episodes under their own goals (the authors' "
                                          "configs: false)")
-    reward: Literal["sparse", "dense"] = setting(
-        "sparse", "reward of the rewritten episodes: sparse (T - t at the first success) or dense (-|achieved - goal|)")
+    reward: Literal["sparse", "binary", "dense"] = setting(
+        "sparse", "reward of the rewritten episodes: sparse (T - t at the first success), binary (1 there: close to what "
+                  "the authors' newest code pays, its reward scaling capping most T - t at one value) "
+                  "or dense (-|achieved - goal|)")
     hold_goal: bool = setting(
         False, "rewritten episodes run past their first success, the sparse reward T - t paid at every step at the "
                "goal, so the policy also learns to stay there: for envs that go on after a success and judge the "
@@ -282,8 +284,8 @@ class HindsightAgent(OnPolicyAgent):
         if self.params.reward == "dense":
             ag_next = episodes.ag[data.source[copy], t + 1]
             return -np.linalg.norm(ag_next - data.goals[copy, t + 1], axis=-1).astype(np.float32)
-        horizon = episodes.actions.shape[1]
-        return np.where(data.success[copy, t], horizon - t, 0).astype(np.float32)
+        paid = 1 if self.params.reward == "binary" else episodes.actions.shape[1] - t
+        return np.where(data.success[copy, t], paid, 0).astype(np.float32)
 
     def relabelled(self, episodes: Episodes, goals: np.ndarray) -> Relabelled:
         """The original episodes (with algo.original_goals), then every episode under every goal."""
