@@ -7,8 +7,9 @@ Copies every run's progress.csv, config.yaml, provenance.yaml, sweep.json and fi
 from the sweep directory to experiments/results/runs/<name>/<recipe>/seed<s>/, then writes the
 aggregate curves and table with ``python -m her_mpi.plot``: experiments/results/<name>.png, .md and
 .json. Runs still going are included with the epochs they have; run it again as they finish.
-A finished run stored earlier whose run directory is gone from the sweep (runs/ did not survive a
-session, or the run was parked) is kept, and said so; ``--drop-missing`` removes it.
+A run stored earlier whose run directory is gone from the sweep (runs/ did not survive a session, or
+the run was parked) is kept as stored, and said so (unfinished ones only without ``--finished-only``);
+``--drop-missing`` removes it.
 """
 
 from __future__ import annotations
@@ -59,7 +60,10 @@ def copy_runs(sweep: Path, destination: Path, finished_only: bool = False, recip
 
 def refresh(destination: Path, sweeps: list[Path], finished_only: bool, drop_missing: bool = False,
             recipes: set[str] | None = None, seeds: set[int] | None = None) -> int:
-    """Replace destination's stored runs with the sweeps' runs, keeping finished runs whose source is gone.
+    """Replace destination's stored runs with the sweeps' runs, keeping those whose source is gone.
+
+    A stored run whose directory is gone (runs/ lost with a session, or the run parked) is kept as
+    stored: finished ones always, unfinished ones unless finished_only.
 
     The new tree is written beside the old one and swapped in at the end, so a collect stopped part-way
     leaves the stored runs as they were.
@@ -73,15 +77,17 @@ def refresh(destination: Path, sweeps: list[Path], finished_only: bool, drop_mis
     kept = 0
     if not drop_missing and destination.is_dir():
         by_sweep = {sweep.name: sweep for sweep in sweeps}
-        for finished in sorted(destination.rglob("finished.json")):
-            stored = finished.parent.relative_to(destination)
+        for progress in sorted(destination.rglob("progress.csv")):
+            stored = progress.parent.relative_to(destination)
             sweep = by_sweep.get(stored.parts[0])
-            if not selected(Path(*stored.parts[1:]), recipes, seeds):
+            finished = (progress.parent / "finished.json").is_file()
+            if (finished_only and not finished) or not selected(Path(*stored.parts[1:]), recipes, seeds):
                 continue
             if sweep is not None and not (sweep / Path(*stored.parts[1:]) / "progress.csv").is_file():
-                copy_small_files(finished.parent, staging / stored)
+                copy_small_files(progress.parent, staging / stored)
                 kept += 1
-                print(f"kept {stored}: finished, stored earlier, no longer under its sweep directory (--drop-missing removes it)")
+                state = "finished" if finished else "unfinished (parked?)"
+                print(f"kept {stored}: {state}, stored earlier, no longer under its sweep directory (--drop-missing removes it)")
         unnamed = sorted(child.name for child in destination.iterdir() if child.is_dir() and child.name not in by_sweep)
         for name in unnamed:  # a table gathered from several sweep directories loses the ones not named again
             print(f"dropped {name}/: stored earlier from a sweep directory not named this time (name it to keep its runs)")

@@ -63,6 +63,10 @@ def test_collecting_a_sweep_again_keeps_finished_runs_whose_directory_is_gone(tm
     capsys.readouterr()
     collect_sweep.refresh(stored, [sweep], finished_only=False)
     assert "dropped np4/" in capsys.readouterr().out and not (stored / "np4").exists()
+    shutil.rmtree(sweep / "recipe/seed2")  # an unfinished run parked: kept unless only finished runs are asked for
+    assert collect_sweep.refresh(stored, [sweep], finished_only=False) == 3
+    assert "kept pacman/recipe/seed2: unfinished" in capsys.readouterr().out
+    assert collect_sweep.refresh(stored, [sweep], finished_only=True) == 2 and not (stored / "pacman/recipe/seed2").exists()
 
 
 
