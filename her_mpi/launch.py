@@ -7,7 +7,9 @@ connection of one host dies with the run unfinished, and it waits forever for th
 host even after every healthy rank has stopped. This supervisor runs the command in a session of its
 own, forwards SIGINT, SIGTERM and SIGUSR1 to it (SIGUSR1: checkpoint and stop), watches the run
 record (``RUN_DIR/status.json``, :mod:`her_mpi.run_status`), ends a launcher that outlives its
-run's final record by ``--grace`` seconds, and exits with the record's status:
+run's final record by ``--grace`` seconds, gives a record that still says ``running`` when the
+launcher exits a few seconds to change (mpirun does not wait for a rank writing its checkpoint on
+its SIGTERM), and exits with the record's status:
 
 * 0 finished; 1 crashed; 2 bad input; 3 non-finite; 4 a write failed; 5 hung (a rank stopped
   answering); 75 stopped by a signal with a checkpoint;
@@ -36,6 +38,9 @@ from her_mpi import run_status
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 POLL_S = 0.5
+# mpirun can exit while a rank it sent SIGTERM is still writing its checkpoint: a record that says
+# "running" when the launcher exits gets this long to say how the ranks ended before it is judged.
+SETTLE_S = 10.0
 
 
 def training_run_dir(command: list[str]) -> Path | None:
@@ -67,10 +72,13 @@ def die_with_parent() -> None:
 class Supervisor:
     """One launcher process and the run record it should produce."""
 
-    def __init__(self, command: list[str], run_dir: Path, grace_s: float = 30.0, **popen):
-        self.command, self.run_dir, self.grace_s, self.popen = command, Path(run_dir), grace_s, popen
+    def __init__(self, command: list[str], run_dir: Path, grace_s: float = 30.0, settle_s: float = SETTLE_S,
+                 **popen):
+        self.command, self.run_dir, self.grace_s, self.settle_s = command, Path(run_dir), grace_s, settle_s
+        self.popen = popen
         self.process: subprocess.Popen | None = None
         self.started_at = 0.0
+        self.launcher_ended_at: float | None = None
         self.record_final_since: float | None = None  # when the record first said the run ended
         self.ended_launcher = False
         self.stop_requests: set[str] = set()  # the stop signals this supervisor received to pass on
@@ -98,11 +106,28 @@ class Supervisor:
         if self.process.poll() is None:
             self._end_launcher_that_outlives_its_run()
             return None
+        if self._ranks_may_still_be_finishing():
+            return None
         result = self._unrequested_stop_is_lost(
             run_status.verdict(self.run_dir, self.process.returncode, started_after=self.started_at))
         if result.state == "lost" and run_status.read(self.run_dir) is not None:
             run_status.write(self.run_dir, "lost", result.message, launcher_exit_status=self.process.returncode)
         return result
+
+    def _ranks_may_still_be_finishing(self) -> bool:
+        """The launcher is gone, this job's record still says running, and the settle time has not passed.
+        Not after a stop this supervisor passed on: a scheduler that sent it kills what is left soon
+        (SLURM's KillWait), and the verdict must be out before then."""
+        if self.stop_requests:
+            return False
+        now = time.monotonic()
+        if self.launcher_ended_at is None:
+            self.launcher_ended_at = now
+        if now - self.launcher_ended_at >= self.settle_s:
+            return False
+        record = run_status.read(self.run_dir)
+        return record is not None and record["state"] == "running" and \
+            run_status.record_path(self.run_dir).stat().st_mtime >= self.started_at - 1.0
 
     def _unrequested_stop_is_lost(self, result: run_status.Verdict) -> run_status.Verdict:
         """A "stopped" record although this supervisor passed on no stop signal and no rank got

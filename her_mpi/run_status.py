@@ -21,7 +21,8 @@ non_finite 3    a non-finite loss, gradient or parameter; no checkpoint was writ
 write_failed 4  a checkpoint, replay or log file could not be written
 lost       6    (the launcher's verdict) the job ended while the record said ``running``: a host or a
                 rank was lost, or the job was killed; or mpirun stopped the ranks by itself (a
-                ``stopped`` record with no stop request behind it: it lost a host's daemon)
+                ``stopped`` record with no stop request behind it: it lost a host's daemon). A rank
+                that ends after this verdict leaves it in place
 ========== ==== ==========================================================================================
 
 Bad input (exit 2) is reported before training starts and leaves no record. Every state but
@@ -78,6 +79,20 @@ def write(run_dir: str | Path, state: str, message: str = "", **details) -> None
     except CheckpointWriteError:
         if state in ("running", "finished"):
             raise
+
+
+def judged_by_launcher(run_dir: str | Path, since: float) -> dict | None:
+    """The verdict ``her_mpi.launch`` wrote into the record after ``since`` (a time.time()), if any.
+
+    A rank can still be finishing (a checkpoint on mpirun's SIGTERM) after its launcher exited and
+    the supervisor judged the job; the rank then leaves the record, and the verdict, as they are."""
+    record = read(run_dir)
+    if record is None or "launcher_exit_status" not in record:
+        return None
+    try:
+        return record if record_path(run_dir).stat().st_mtime >= since - 1.0 else None
+    except OSError:
+        return None
 
 
 @dataclass(frozen=True)

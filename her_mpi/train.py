@@ -192,10 +192,17 @@ class RunRecord:
 
     def __init__(self):
         self.run_dir: Path | None = None
+        self.started_at = time.time()
 
     def write(self, state: str, message: str = "", everyone: bool = False, **details) -> None:
-        if self.run_dir is not None and (everyone or mpi.is_root()):
-            run_status.write(self.run_dir, state, message, n_ranks=mpi.size(), **details)
+        if self.run_dir is None or not (everyone or mpi.is_root()):
+            return
+        judged = run_status.judged_by_launcher(self.run_dir, self.started_at)
+        if judged is not None:
+            print(f"her_mpi.train: rank {mpi.rank()}: the launcher has already recorded this job as "
+                  f"{judged['state']}; not replacing it with {state} ({message})", file=sys.stderr, flush=True)
+            return
+        run_status.write(self.run_dir, state, message, n_ranks=mpi.size(), **details)
 
     def crashed(self, traceback_text: str) -> None:
         last = traceback_text.strip().splitlines()[-1] if traceback_text.strip() else "an exception"

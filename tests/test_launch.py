@@ -113,3 +113,32 @@ time.sleep(60)
     _, stderr = job.communicate(timeout=30)
     assert job.returncode == 75, stderr
     assert run_status.read(tmp_path)["state"] == "stopped"
+
+
+def test_a_rank_still_checkpointing_when_its_launcher_exits_is_waited_for(tmp_path):
+    # mpirun exits 0 while the rank it sent SIGTERM still writes its checkpoint; the rank's word lands
+    # after the launcher is gone, and the verdict must be made from it, not from "running"
+    late_stop = (f"import time; from her_mpi import run_status; time.sleep(2); "
+                 f"run_status.write({str(tmp_path)!r}, 'stopped', 'checkpointed late', signals=['SIGTERM'])")
+    script = (f"import subprocess, sys; from her_mpi import run_status; "
+              f"run_status.write({str(tmp_path)!r}, 'running', 'training'); "
+              f"subprocess.Popen([sys.executable, '-c', {late_stop!r}], start_new_session=True)")
+    result = launch("--", sys.executable, "-c", script, "--run-dir", tmp_path)
+    assert result.returncode == 6, result.stderr
+    assert "checkpointed late" in result.stderr, result.stderr  # judged from the rank's record
+    assert run_status.read(tmp_path)["state"] == "lost"
+
+
+def test_a_rank_finishing_after_the_launchers_verdict_leaves_it_standing(tmp_path, capsys):
+    from her_mpi.train import RunRecord
+
+    run_status.write(tmp_path, "lost", "an earlier job", launcher_exit_status=0)
+    os.utime(run_status.record_path(tmp_path), (time.time() - 60, time.time() - 60))
+    run = RunRecord()
+    run.run_dir = tmp_path
+    run.write("stopped", "stopped by SIGTERM")  # an earlier job's verdict is no word on this one
+    assert run_status.read(tmp_path)["state"] == "stopped"
+    run_status.write(tmp_path, "lost", "the job ended while its record said running", launcher_exit_status=0)
+    run.write("stopped", "stopped by SIGTERM")
+    assert run_status.read(tmp_path)["state"] == "lost"
+    assert "already recorded this job as lost; not replacing it with stopped" in capsys.readouterr().err
