@@ -125,9 +125,8 @@ class Supervisor:
             self.launcher_ended_at = now
         if now - self.launcher_ended_at >= self.settle_s:
             return False
-        record = run_status.read(self.run_dir)
-        return record is not None and record["state"] == "running" and \
-            run_status.record_path(self.run_dir).stat().st_mtime >= self.started_at - 1.0
+        record = run_status.read(self.run_dir, since=self.started_at)
+        return record is not None and record["state"] == "running"
 
     def _unrequested_stop_is_lost(self, result: run_status.Verdict) -> run_status.Verdict:
         """A "stopped" record although this supervisor passed on no stop signal and no rank got
@@ -150,9 +149,8 @@ class Supervisor:
         """A record that says the run ended (hung, crashed, ...) while the launcher still runs after
         the grace time: Open MPI waits for a frozen host's daemon forever. A second SIGINT is its
         "forcibly terminate"; whatever is left of the launcher's session is then killed."""
-        record = run_status.read(self.run_dir)
-        final = record is not None and record["state"] not in ("running", "finished") and \
-            run_status.record_path(self.run_dir).stat().st_mtime >= self.started_at - 1.0
+        record = run_status.read(self.run_dir, since=self.started_at)
+        final = record is not None and record["state"] not in ("running", "finished")
         if not final:
             return
         now = time.monotonic()

@@ -57,10 +57,15 @@ def record_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / RECORD
 
 
-def read(run_dir: str | Path) -> dict | None:
-    """The run's record, or None where there is none (or it cannot be read: written by nothing we know)."""
+def read(run_dir: str | Path, since: float | None = None) -> dict | None:
+    """The run's record, or None where there is none (or it cannot be read: written by nothing we know).
+
+    ``since`` (a time.time()): only a record written after it, i.e. by the job that started then; an
+    older one is an earlier job's word. A second of slack covers the file system's timestamp rounding."""
     try:
         record = json.loads(record_path(run_dir).read_text())
+        if since is not None and record_path(run_dir).stat().st_mtime < since - 1.0:
+            return None
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) and isinstance(record.get("state"), str) else None
@@ -86,13 +91,8 @@ def judged_by_launcher(run_dir: str | Path, since: float) -> dict | None:
 
     A rank can still be finishing (a checkpoint on mpirun's SIGTERM) after its launcher exited and
     the supervisor judged the job; the rank then leaves the record, and the verdict, as they are."""
-    record = read(run_dir)
-    if record is None or "launcher_exit_status" not in record:
-        return None
-    try:
-        return record if record_path(run_dir).stat().st_mtime >= since - 1.0 else None
-    except OSError:
-        return None
+    record = read(run_dir, since)
+    return record if record is not None and "launcher_exit_status" in record else None
 
 
 @dataclass(frozen=True)
@@ -118,10 +118,7 @@ def verdict(run_dir: str | Path, launcher_status: int | None, started_after: flo
 
     ``started_after`` (a time.time()): a record older than this belongs to an earlier job of the same
     run directory and is not this job's word (the job then failed before it wrote one)."""
-    record = read(run_dir)
-    if record is not None and started_after is not None:
-        if record_path(run_dir).stat().st_mtime < started_after - 1.0:
-            record = None
+    record = read(run_dir, started_after)
     if record is None:
         if launcher_status == EXIT_BAD_INPUT:
             return Verdict("bad_input", EXIT_BAD_INPUT, "bad input: nothing was trained (see the error above)")
