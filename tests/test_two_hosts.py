@@ -48,9 +48,15 @@ def wait_for_epochs(run_dir, n: int, job, timeout: float = 180) -> None:
         if (run_dir / "progress.csv").is_file() and len(read_progress(run_dir)) > n:
             return
         if job.poll() is not None:
-            raise AssertionError(f"the job ended (exit {job.returncode}) before epoch {n}")
+            raise AssertionError(f"the job ended (exit {job.returncode}) before epoch {n}\n{job_log(run_dir)}")
         time.sleep(0.2)
-    raise AssertionError(f"no epoch {n + 1} within {timeout} s")
+    raise AssertionError(f"no epoch {n + 1} within {timeout} s\n{job_log(run_dir)}")
+
+
+def job_log(run_dir) -> str:
+    """What the job printed (tests start it with its log beside the run directory)."""
+    log = run_dir.parent / "job.log"
+    return log.read_text() if log.is_file() else "(no job.log)"
 
 
 def finish(job, timeout: float):
