@@ -9,6 +9,7 @@ ssh stand-in, inside a network namespace of the test's own); every launch is a r
 import json
 import signal
 import time
+import warnings
 
 import pytest
 import torch
@@ -48,15 +49,42 @@ def wait_for_epochs(run_dir, n: int, job, timeout: float = 180) -> None:
         if (run_dir / "progress.csv").is_file() and len(read_progress(run_dir)) > n:
             return
         if job.poll() is not None:
-            raise AssertionError(f"the job ended (exit {job.returncode}) before epoch {n}\n{job_log(run_dir)}")
+            raise JobEnded(f"the job ended (exit {job.returncode}) before epoch {n}\n{job_log(run_dir)}")
         time.sleep(0.2)
     raise AssertionError(f"no epoch {n + 1} within {timeout} s\n{job_log(run_dir)}")
 
 
+class JobEnded(AssertionError):
+    pass
+
+
 def job_log(run_dir) -> str:
-    """What the job printed (tests start it with its log beside the run directory)."""
+    """What the job printed (its log lies beside the run directory)."""
     log = run_dir.parent / "job.log"
     return log.read_text() if log.is_file() else "(no job.log)"
+
+
+def training_job(cluster, tmp_path, *extra, attempts: int = 2):
+    """A supervised 100-epoch job across both hosts, once it has checkpointed epoch 1: ``(job, run_dir)``.
+
+    Open MPI 5's runtime now and then loses a remote daemon on its own (PRRTE reports "lost
+    communication with a remote daemon"); the launcher then rightly says ``lost``. A job lost so
+    before the test has done anything to it is started once more, in a fresh directory, with a
+    warning that carries its log; anything else ends the test."""
+    for attempt in range(1, attempts + 1):
+        run_dir = tmp_path / f"attempt{attempt}" / "run"
+        run_dir.parent.mkdir(parents=True)
+        job = cluster.start(supervised(cluster.mpirun(2, train_args(run_dir, "--set", "train.n_epochs=100", *extra))),
+                            run_dir.parent / "job.log")
+        try:
+            wait_for_epochs(run_dir, 1, job)
+            return job, run_dir
+        except JobEnded:
+            if job.returncode != 6 or attempt == attempts:
+                raise
+            warnings.warn(f"the job was lost before the test touched it; starting it again\n{job_log(run_dir)}")
+            for host in cluster.names:  # whatever the lost job left on its hosts
+                cluster.signal_host(host, signal.SIGKILL)
 
 
 def finish(job, timeout: float):
@@ -104,13 +132,10 @@ def test_training_across_two_hosts_matches_one_host(cluster, tmp_path):
 
 
 def test_a_killed_host_ends_the_job_and_a_resume_continues_on_one_host(cluster, tmp_path):
-    run_dir = tmp_path / "run"
-    job = cluster.start(supervised(cluster.mpirun(2, train_args(run_dir, "--set", "train.n_epochs=100"))),
-                        tmp_path / "job.log")
-    wait_for_epochs(run_dir, 1, job)
+    job, run_dir = training_job(cluster, tmp_path)
     cluster.signal_host("node-b", signal.SIGKILL)  # its daemon and its rank
     waited = finish(job, timeout=60)
-    log = (tmp_path / "job.log").read_text()
+    log = job_log(run_dir)
     assert waited < 30, log
     assert job.returncode == 6, log  # lost: the record still said running
     assert record(run_dir)["state"] == "lost"
@@ -125,14 +150,11 @@ def test_a_killed_host_ends_the_job_and_a_resume_continues_on_one_host(cluster, 
 
 
 def test_a_lost_launcher_connection_is_not_taken_for_a_finished_run(cluster, tmp_path):
-    run_dir = tmp_path / "run"
-    job = cluster.start(supervised(cluster.mpirun(2, train_args(run_dir, "--set", "train.n_epochs=100"))),
-                        tmp_path / "job.log")
-    wait_for_epochs(run_dir, 1, job)
+    job, run_dir = training_job(cluster, tmp_path)
     import os
     os.kill(cluster.agent_pid("node-b"), signal.SIGKILL)  # the "ssh" to node-b dies; node-b itself lives on
     finish(job, timeout=60)
-    log = (tmp_path / "job.log").read_text()
+    log = job_log(run_dir)
     # lost whether the ranks died with their daemon or checkpointed on mpirun's SIGTERM in time: nobody
     # asked them to stop
     assert job.returncode == 6, log
@@ -142,15 +164,11 @@ def test_a_lost_launcher_connection_is_not_taken_for_a_finished_run(cluster, tmp
 
 
 def test_a_frozen_host_ends_the_job_by_itself_naming_the_silent_rank(cluster, tmp_path):
-    run_dir = tmp_path / "run"
-    job = cluster.start(supervised(cluster.mpirun(2, train_args(run_dir, "--set", "train.n_epochs=100", "--set",
-                                                                f"train.hang_timeout_s={HANG_TIMEOUT_S}"))),
-                        tmp_path / "job.log")
-    wait_for_epochs(run_dir, 1, job)
+    job, run_dir = training_job(cluster, tmp_path, "--set", f"train.hang_timeout_s={HANG_TIMEOUT_S}")
     checkpoint_before = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)["epoch"]
     frozen = cluster.signal_host("node-b", signal.SIGSTOP)  # a hung node: its daemon and rank stop answering
     waited = finish(job, timeout=HANG_TIMEOUT_S + 60)
-    log = (tmp_path / "job.log").read_text()
+    log = job_log(run_dir)
     assert frozen and job.returncode == 5, log
     # the timeout, the peers' reply window, the launcher's grace and a few polls
     assert waited < HANG_TIMEOUT_S + 25, log
