@@ -85,8 +85,7 @@ class FakeCluster:
         return self
 
     def __exit__(self, *exc) -> None:
-        for name in self.names:  # whatever a test left on its hosts (frozen ones included)
-            self.signal_host(name, signal.SIGKILL)
+        self.kill_hosts()
         subprocess.run(["ip", "netns", "delete", self.netns], capture_output=True)
 
     def mpirun(self, n_ranks: int, args: list, hostfile: bool = True, btl: str = "tcp,self") -> list[str]:
@@ -122,6 +121,11 @@ class FakeCluster:
             except ProcessLookupError:
                 pass
         return pids
+
+    def kill_hosts(self) -> None:
+        """SIGKILL whatever is left on every host (frozen processes included)."""
+        for name in self.names:
+            self.signal_host(name, signal.SIGKILL)
 
     def wait_for_hosts(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
