@@ -50,6 +50,9 @@ EXIT_HUNG, EXIT_LOST, EXIT_PREEMPTED = 5, 6, 75
 
 EXIT_STATUS = {"finished": EXIT_OK, "crashed": EXIT_CRASHED, "non_finite": EXIT_NON_FINITE,
                "write_failed": EXIT_WRITE_FAILED, "hung": EXIT_HUNG, "lost": EXIT_LOST, "stopped": EXIT_PREEMPTED}
+# mpirun's exit status when Open MPI's runtime could not start on a host (PMIx -43), known to
+# come from a session directory an earlier, killed daemon left behind (docs/clusters.md)
+EXIT_OPEN_MPI_START_FAILED = 213
 RETRY = {"stopped", "hung", "lost"}  # running again unchanged may succeed: resume from the checkpoint
 
 
@@ -125,9 +128,13 @@ def verdict(run_dir: str | Path, launcher_status: int | None, started_after: flo
         if launcher_status == 0:
             return Verdict("lost", EXIT_LOST, f"the launcher exited 0 but {record_path(run_dir)} was never written: "
                                               "the run did not start or a host was lost before it did")
+        message = f"the job ended with exit status {launcher_status} before training started"
+        if launcher_status == EXIT_OPEN_MPI_START_FAILED:
+            message += (": Open MPI's runtime did not start; if the log says \"The PMIx server's listener thread "
+                        "failed to start\", a killed earlier job left its session directory on a host (see "
+                        "'A host whose daemon was killed may refuse the next one' in docs/clusters.md)")
         return Verdict("crashed" if launcher_status == EXIT_CRASHED else "lost",
-                       EXIT_CRASHED if launcher_status == EXIT_CRASHED else EXIT_LOST,
-                       f"the job ended with exit status {launcher_status} before training started")
+                       EXIT_CRASHED if launcher_status == EXIT_CRASHED else EXIT_LOST, message)
     state = record["state"]
     if state == "running":
         return Verdict("lost", EXIT_LOST,

@@ -47,14 +47,19 @@ def mpirun() -> str:
     return str(beside) if beside.is_file() else "mpirun"
 
 
-def processes_in_uts_namespace(namespace: str) -> list[int]:
-    """Every process whose UTS namespace is ``namespace`` (as ``readlink /proc/PID/ns/uts`` prints it):
-    a host's processes, whichever parent they have (prted daemonizes, so it is nobody's child)."""
+def processes_in_namespaces(uts: str, net: str) -> list[int]:
+    """Every process in UTS namespace ``uts`` and network namespace ``net`` (as ``readlink
+    /proc/PID/ns/...`` prints them): a host's processes, whichever parent they have (prted
+    daemonizes, so it is nobody's child).
+
+    The UTS namespace alone is not enough: once a host's processes are gone, the kernel gives its
+    number to the next new namespace, which may be a host of another cluster (another test session
+    on this machine). The network namespace is this cluster's own while it exists."""
     found = []
-    for link in Path("/proc").glob("[0-9]*/ns/uts"):
+    for directory in Path("/proc").glob("[0-9]*/ns"):
         try:
-            if os.readlink(link) == namespace:
-                found.append(int(link.parent.parent.name))
+            if os.readlink(directory / "uts") == uts and os.readlink(directory / "net") == net:
+                found.append(int(directory.parent.name))
         except OSError:
             continue
     return found
@@ -82,6 +87,7 @@ class FakeCluster:
                         ["ip", "-n", self.netns, "link", "set", "veth0", "up"],
                         ["ip", "-n", self.netns, "link", "set", "veth1", "up"]):
             subprocess.run(command, check=True, capture_output=True)
+        self.net_namespace = f"net:[{os.stat(f'/run/netns/{self.netns}').st_ino}]"
         return self
 
     def __exit__(self, *exc) -> None:
@@ -108,7 +114,7 @@ class FakeCluster:
     def host_pids(self, name: str) -> list[int]:
         """The host's processes: its daemon(s) and ranks (not the agent that launched them)."""
         namespace = self.directory / f"{name}.host"
-        return processes_in_uts_namespace(namespace.read_text().strip()) if namespace.is_file() else []
+        return processes_in_namespaces(namespace.read_text().strip(), self.net_namespace) if namespace.is_file() else []
 
     def agent_pid(self, name: str) -> int:
         return int((self.directory / f"{name}.agent").read_text())

@@ -5,10 +5,14 @@ other conftest.py a pytest session has loaded (experiments/tests has one too).""
 
 from __future__ import annotations
 
+import atexit
+import itertools
 import os
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -16,6 +20,10 @@ from her_mpi.logger import read_progress  # noqa: F401  (the one progress.csv re
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAMS = Path(__file__).resolve().parent / "programs"
+# Open MPI's session directories, one per launch (see mpi_env), all removed when this process ends
+SESSION_DIRECTORIES = Path(tempfile.mkdtemp(prefix="her_mpi_tests_mpi."))
+atexit.register(shutil.rmtree, SESSION_DIRECTORIES, ignore_errors=True)
+_launches = itertools.count()
 
 
 def ros_domain_id() -> int:
@@ -29,10 +37,19 @@ def ros_domain_id() -> int:
 
 
 def mpi_env() -> dict:
+    """The environment of one MPI launch, with a TMPDIR of its own for Open MPI's session files.
+
+    A daemon or mpirun killed by a test leaves its session directory (``prted.<pid>``,
+    ``ompi.<pid>``) behind, and Open MPI 5.0's PMIx refuses to start a later one that gets the same
+    pid on the same host name ("The PMIx server's listener thread failed to start"; PMIx fixed it
+    after 5.0.11, openpmix/openpmix#4046). The fake hosts' names are the same in every test, so with
+    one shared /tmp the tests' own kills would fail later launches now and then."""
+    tmpdir = SESSION_DIRECTORIES / f"launch{next(_launches)}"
+    tmpdir.mkdir()
     env = dict(os.environ)
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_mpi_yield_when_idle="1",
-               PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1", TMPDIR=str(tmpdir))
     return env
 
 

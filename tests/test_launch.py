@@ -36,6 +36,13 @@ def test_the_record_decides_whatever_the_launcher_said(tmp_path, state, status, 
         assert (verdict.state, verdict.exit_status, verdict.retry) == (state, status, retry)
 
 
+def test_open_mpis_failed_start_is_a_lost_job_that_points_to_its_known_cause(tmp_path):
+    verdict = run_status.verdict(tmp_path, 213)
+    assert (verdict.state, verdict.exit_status, verdict.retry) == ("lost", 6, True)
+    assert "listener thread failed to start" in verdict.message and "docs/clusters.md" in verdict.message
+    assert "docs/clusters.md" not in run_status.verdict(tmp_path, 137).message
+
+
 def test_a_record_older_than_the_job_is_not_its_word(tmp_path):
     run_status.write(tmp_path, "stopped", "an earlier job")
     os.utime(run_status.record_path(tmp_path), (time.time() - 60, time.time() - 60))

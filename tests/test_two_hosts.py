@@ -9,7 +9,6 @@ ssh stand-in, inside a network namespace of the test's own); every launch is a r
 import json
 import signal
 import time
-import warnings
 
 import pytest
 import torch
@@ -49,13 +48,9 @@ def wait_for_epochs(run_dir, n: int, job, timeout: float = 180) -> None:
         if (run_dir / "progress.csv").is_file() and len(read_progress(run_dir)) > n:
             return
         if job.poll() is not None:
-            raise JobEnded(f"the job ended (exit {job.returncode}) before epoch {n}\n{job_log(run_dir)}")
+            raise AssertionError(f"the job ended (exit {job.returncode}) before epoch {n}\n{job_log(run_dir)}")
         time.sleep(0.2)
     raise AssertionError(f"no epoch {n + 1} within {timeout} s\n{job_log(run_dir)}")
-
-
-class JobEnded(AssertionError):
-    pass
 
 
 def job_log(run_dir) -> str:
@@ -64,26 +59,14 @@ def job_log(run_dir) -> str:
     return log.read_text() if log.is_file() else "(no job.log)"
 
 
-def training_job(cluster, tmp_path, *extra, attempts: int = 2):
-    """A supervised 100-epoch job across both hosts, once it has checkpointed epoch 1: ``(job, run_dir)``.
-
-    Open MPI 5's runtime is reported upstream to lose a remote daemon now and then by itself (PRRTE:
-    "lost communication with a remote daemon"); the launcher then rightly says ``lost``. A job lost so
-    before the test has done anything to it is started once more, in a fresh directory, with a
-    warning that carries its log; anything else ends the test."""
-    for attempt in range(1, attempts + 1):
-        run_dir = tmp_path / f"attempt{attempt}" / "run"
-        run_dir.parent.mkdir(parents=True)
-        job = cluster.start(supervised(cluster.mpirun(2, train_args(run_dir, "--set", "train.n_epochs=100", *extra))),
-                            run_dir.parent / "job.log")
-        try:
-            wait_for_epochs(run_dir, 1, job)
-            return job, run_dir
-        except JobEnded:
-            if job.returncode != 6 or attempt == attempts:
-                raise
-            warnings.warn(f"the job was lost before the test touched it; starting it again\n{job_log(run_dir)}")
-            cluster.kill_hosts()  # whatever the lost job left on them
+def training_job(cluster, tmp_path, *extra):
+    """A supervised 100-epoch job across both hosts, once it has checkpointed epoch 1: ``(job, run_dir)``."""
+    run_dir = tmp_path / "job" / "run"
+    run_dir.parent.mkdir(parents=True)
+    job = cluster.start(supervised(cluster.mpirun(2, train_args(run_dir, "--set", "train.n_epochs=100", *extra))),
+                        run_dir.parent / "job.log")
+    wait_for_epochs(run_dir, 1, job)
+    return job, run_dir
 
 
 def finish(job, timeout: float):
