@@ -61,8 +61,7 @@ def job_log(run_dir) -> str:
 
 def training_job(cluster, tmp_path, *extra):
     """A supervised 100-epoch job across both hosts, once it has checkpointed epoch 1: ``(job, run_dir)``."""
-    run_dir = tmp_path / "job" / "run"
-    run_dir.parent.mkdir(parents=True)
+    run_dir = tmp_path / "run"
     job = cluster.start(supervised(cluster.mpirun(2, train_args(run_dir, "--set", "train.n_epochs=100", *extra))),
                         run_dir.parent / "job.log")
     wait_for_epochs(run_dir, 1, job)
