@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import textwrap
 import warnings
@@ -264,6 +265,12 @@ def summarise(recipe: Recipe, reps: int, at: tuple[int, ...] = (), spans: tuple[
     }
 
 
+def runs_relative_to(summary: dict, folder: Path) -> dict:
+    """The summary with its run paths relative to folder (where its JSON is written), so the file still
+    points at its runs after the checkout moves to another machine or directory."""
+    return {**summary, "runs": [os.path.relpath(Path(run).resolve(), folder.resolve()) for run in summary["runs"]]}
+
+
 def short_label(summary: dict) -> str:
     return summary["recipe"].split(" (np=")[0]
 
@@ -374,7 +381,7 @@ def main(argv=None) -> int:
         args.table.parent.mkdir(parents=True, exist_ok=True)
         markdown, data = Path(f"{args.table}.md"), Path(f"{args.table}.json")
         markdown.write_text(table)
-        data.write_text(json.dumps({"recipes": summaries}, indent=1))
+        data.write_text(json.dumps({"recipes": [runs_relative_to(s, data.parent) for s in summaries]}, indent=1))
         print(f"wrote {markdown} and {data}")
     return 0
 

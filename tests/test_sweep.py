@@ -429,6 +429,8 @@ def test_plot_command_writes_png_markdown_and_json(tmp_path):
     data = json.loads((tmp_path / "table.json").read_text())
     # labelled by the sweep's recipe and the overrides that change learning
     assert data["recipes"][0]["recipe"].startswith("fetch_push_td3 algo.n_step=3 (np=2")
+    # the runs relative to the table, so the JSON still finds them in a checkout elsewhere
+    assert data["recipes"][0]["runs"] == [f"sweep/fetch_push_td3/seed{seed}" for seed in range(3)]
     markdown = (tmp_path / "table.md").read_text()
     assert "fetch_push_td3" in markdown and "not reached" in markdown and "| 3 (0, 1, 2) |" in markdown
 
