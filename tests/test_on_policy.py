@@ -50,6 +50,41 @@ def test_htrpo_constraint_is_the_weighted_qkl_of_its_policy():
     assert float(agent.divergence(batch).detach()) == pytest.approx(float(expected), rel=1e-5)
 
 
+@pytest.mark.parametrize("subsample", [1.0, 0.25])
+def test_htrpo_curvature_product_is_the_weighted_fisher_of_its_gaussian_policy(subsample):
+    """At the step's anchor the QKL's Hessian is (1 - gamma) sum_i c_i g_i g_i^T, g_i the gradient of
+    row i's log-probability (log-std included): the product conjugate gradient solves with, from a
+    subsample of rows rescaled to the batch when ``hvp_subsample`` < 1."""
+    from her_mpi.config import load_config
+    from her_mpi.envs import EnvSpec
+    from her_mpi.trainer import build_agent
+
+    spec = EnvSpec("PredatorPrey-v0", 2, 2, False, 2, 0, (-1.0, -1.0), (1.0, 1.0), 20, 0.0)
+    agent = build_agent(load_config(None, ["algo=htrpo", "env.id=PredatorPrey-v0", "algo.hidden=[16,16]"]), spec)
+    n, generator = 200, torch.Generator().manual_seed(3)
+    x = torch.randn(n, 4, generator=generator)
+    with torch.no_grad():
+        anchor = tuple(t.detach() for t in agent.policy_net.params(x))
+        actions = agent.policy_net.sample(x, generator)
+        anchor_log_prob = agent.policy_net.log_prob_of(anchor, actions)
+    batch = {"x": x, "actions": actions, "anchor": anchor, "anchor_log_prob": anchor_log_prob,
+             "coefficients": torch.rand(n, generator=generator) / n}
+    rows = None if subsample == 1.0 else torch.randperm(n, generator=generator)[: int(n * subsample)]
+    hvp = agent.fisher_vector_product(batch, rows)
+    vector = torch.randn(agent.policy_flat.param.numel(), generator=generator, dtype=torch.float32)
+
+    used = torch.arange(n) if rows is None else rows
+    expected = torch.zeros_like(vector)
+    for i in used.tolist():
+        log_prob = agent.policy_net.log_prob(x[i: i + 1], actions[i: i + 1]).sum()
+        gradient = torch.cat([g.reshape(-1) for g in torch.autograd.grad(log_prob, agent.policy_flat.params)])
+        expected += batch["coefficients"][i] * gradient * (gradient @ vector)
+    expected *= (1 - agent.params.gamma) * n / len(used)
+    log_std = agent.policy_net.log_std
+    assert any(p is log_std for p in agent.policy_flat.params)  # the noise is part of the step
+    torch.testing.assert_close(hvp(vector), expected + agent.params.cg_damping * vector, rtol=1e-4, atol=1e-7)
+
+
 def test_analytic_kl_matches_the_closed_forms():
     m0, s0, m1, s1 = 0.3, 0.7, -0.2, 1.3
     old = (torch.tensor([[m0]]), torch.tensor([[math.log(s0)]]))
