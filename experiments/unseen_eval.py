@@ -120,7 +120,7 @@ def main() -> int:
     md = ["# Final policies on episodes they never saw", "",
           "`python experiments/unseen_eval.py <run or sweep dirs>`: the deterministic policy of each run's latest",
           "checkpoint, `python -m her_mpi.evaluate` with the episodes and seed shown; \"last test\" is the run's",
-          "last evaluation during training (100 episodes, other seeds). MsPacmanGoal-v0 is deterministic with",
+          "last evaluation during training (the recipe's test episodes, other seeds). MsPacmanGoal-v0 is deterministic with",
           "162 goals, so its episodes here are goals training drew too: `ms_pacman_goals.md` has its exact numbers.",
           "", table(rows), ""]
     path.with_suffix(".md").write_text("\n".join(md))
