@@ -6,7 +6,7 @@
 Copies every run's progress.csv, config.yaml, provenance.yaml, sweep.json and finished.json (small files; no checkpoints)
 from the sweep directory to experiments/results/runs/<name>/<recipe>/seed<s>/, then writes the
 aggregate curves and table with ``python -m her_mpi.plot``: experiments/results/<name>.png, .md and
-.json. Runs still going are included with the epochs they have; run it again as they finish.
+.json, each ending with the command that made it (so a results file says how to re-make it). Runs still going are included with the epochs they have; run it again as they finish.
 A run stored earlier whose run directory is gone from the sweep (runs/ did not survive a session, or
 the run was parked) is kept as stored, and said so (unfinished ones only without ``--finished-only``);
 ``--drop-missing`` removes it.
@@ -15,6 +15,8 @@ the run was parked) is kept as stored, and said so (unfinished ones only without
 from __future__ import annotations
 
 import argparse
+import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -99,6 +101,26 @@ def refresh(destination: Path, sweeps: list[Path], finished_only: bool, drop_mis
     return copied + kept
 
 
+def this_command(argv: list[str]) -> str:
+    """The collect command as typed from the project root: paths inside the checkout made relative to it."""
+    def relative(word: str) -> str:
+        path = Path(word)
+        if path.is_absolute() and path.resolve().is_relative_to(ROOT):
+            return str(path.resolve().relative_to(ROOT))
+        return word
+    return shlex.join(["python", "experiments/collect_sweep.py", *map(relative, argv)])
+
+
+def record_command(name: str, command: str) -> None:
+    """Note ``command`` in results/<name>.json (``made_by``) and as the last line of results/<name>.md."""
+    data = RESULTS / f"{name}.json"
+    table = json.loads(data.read_text())
+    table["made_by"] = command
+    data.write_text(json.dumps(table, indent=1))
+    markdown = RESULTS / f"{name}.md"
+    markdown.write_text(markdown.read_text().rstrip("\n") + f"\n\nMade by `{command}`.\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweeps", nargs="+", type=Path, help="sweep directories (python -m her_mpi.sweep --out)")
@@ -137,10 +159,13 @@ def main() -> int:
                      f"sweeps; they hold {sorted(present_seeds)}")
     copied = refresh(destination, args.sweeps, args.finished_only, args.drop_missing, recipes or None, seeds or None)
     print(f"{copied} run(s) in {destination.relative_to(ROOT)}")
-    return subprocess.call([sys.executable, "-m", "her_mpi.plot", str(destination), "-o",
-                            str(RESULTS / f"{args.name}.png"), "--table", str(RESULTS / args.name),
-                            "--title", args.title or args.name, *[f"--at={a}" for a in args.at],
-                            *([f"--spans={','.join(map(str, args.spans))}"] if args.spans else [])], cwd=ROOT)
+    status = subprocess.call([sys.executable, "-m", "her_mpi.plot", str(destination), "-o",
+                              str(RESULTS / f"{args.name}.png"), "--table", str(RESULTS / args.name),
+                              "--title", args.title or args.name, *[f"--at={a}" for a in args.at],
+                              *([f"--spans={','.join(map(str, args.spans))}"] if args.spans else [])], cwd=ROOT)
+    if status == 0:
+        record_command(args.name, this_command(sys.argv[1:]))
+    return status
 
 
 if __name__ == "__main__":

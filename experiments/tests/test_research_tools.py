@@ -8,6 +8,7 @@ experiments/.
 
 import dataclasses
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -68,6 +69,19 @@ def test_collecting_a_sweep_again_keeps_finished_runs_whose_directory_is_gone(tm
     assert "kept pacman/recipe/seed2: unfinished" in capsys.readouterr().out
     assert collect_sweep.refresh(stored, [sweep], finished_only=True) == 2 and not (stored / "pacman/recipe/seed2").exists()
 
+
+
+def test_a_collected_table_names_the_command_that_made_it(tmp_path, monkeypatch):
+    collect_sweep = research_script("collect_sweep")
+    monkeypatch.setattr(collect_sweep, "RESULTS", tmp_path)
+    (tmp_path / "pacman.json").write_text(json.dumps({"recipes": [{"recipe": "r"}]}))
+    (tmp_path / "pacman.md").write_text("| recipe |\n|---|\n")
+    command = collect_sweep.this_command([str(collect_sweep.ROOT / "runs/sweeps/pacman"), "--name", "pacman",
+                                          "--title", "two words", "--at", "300k"])
+    assert command == "python experiments/collect_sweep.py runs/sweeps/pacman --name pacman --title 'two words' --at 300k"
+    collect_sweep.record_command("pacman", command)
+    assert json.loads((tmp_path / "pacman.json").read_text()) == {"recipes": [{"recipe": "r"}], "made_by": command}
+    assert (tmp_path / "pacman.md").read_text().endswith(f"|---|\n\nMade by `{command}`.\n")
 
 
 def test_a_collect_stopped_part_way_leaves_the_stored_runs_as_they_were(tmp_path, monkeypatch):
