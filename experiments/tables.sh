@@ -18,6 +18,7 @@
 #     experiments/tables.sh other_tasks     # PickAndPlace 600k, Slide 600k (RECIPE=td3), HandReach 500k (HAND_RECIPE=ddpg), 2 seeds
 #     experiments/tables.sh htrpo_discrete  # HTRPO FetchReach/PushDiscrete
 #     EPOCHS=70 experiments/tables.sh htrpo_push_discrete  # HTRPO FetchPushDiscrete only
+#     EPOCHS=80 experiments/tables.sh htrpo_push_discrete_critic_batch  # ... value fit on 8192 rows per step (CRITIC_BATCH), seed 0
 #     experiments/tables.sh htrpo_reach_discrete  # HTRPO FetchReachDiscrete, the paper's recipe, 3 seeds
 #     experiments/tables.sh htrpo_push      # HTRPO continuous FetchPush, 2M steps
 #     experiments/tables.sh ms_pacman       # HTRPO and DQN+HER on MsPacmanGoal, 2M steps
@@ -192,6 +193,12 @@ htrpo_reach_entropy)  # the authors' commented-out entropy bonus (0.003, uniform
 htrpo_push_discrete)  # HTRPO FetchPushDiscrete alone (2M steps: longer than a session here, see experiments/park_runs.py)
     for seed in 0 1 2; do
         sweep htrpo_push_discrete --config fetch_push_discrete_htrpo --seeds "$seed" "${cap[@]}"
+    done ;;
+htrpo_push_discrete_critic_batch)  # ... with the value fit on CRITIC_BATCH rows per step (default 8192) instead of
+    # every row: a screen of the speed lever experiments/critic_batch.py measured, against the recipe's seeds 0-1
+    for seed in ${SEEDS:-0}; do
+        sweep "htrpo_push_discrete_critic_batch/rows${CRITIC_BATCH:-8192}" --config fetch_push_discrete_htrpo \
+            --seeds "$seed" --set "algo.critic_batch_size=${CRITIC_BATCH:-8192}" "${cap[@]}"
     done ;;
 htrpo_push)  # HTRPO on continuous FetchPush (2M steps: ~hours per seed here; stop and resume at will)
     for seed in 0 1 2; do
@@ -379,6 +386,6 @@ htrpo_push_levers)  # HTRPO continuous FetchPush, seed 0 to 320k (20 epochs; EPO
             --set "train.n_epochs=${EPOCHS:-20}"
     done ;;
 *)
-    echo "usage: experiments/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|push_td3_diag|push_sac_diag|other_tasks|htrpo_discrete|htrpo_reach_discrete|htrpo_reach_entropy|htrpo_push_discrete|htrpo_push|ms_pacman|ms_pacman_htrpo_levers|hpg_screen|htrpo_vs_hpg|htrpo_ablations|htrpo_reach|htrpo_reach_fast|htrpo_bits|htrpo_bits32|bitflip_dqn|predator_prey|predator_prey_sac|predator_prey_shift|predator_prey_shift_clip|predator_prey_static|push_updates|robotics_updates|slide_best|slide_updates|pick_and_place_clip|push_ranks|push_ranks_scheduled|push_ranks_cycle_targets|htrpo_push_levers|htrpo_push_authors|htrpo_slide|htrpo_push_hold_ft|htrpo_push_cap_ft|hpg_push" >&2
+    echo "usage: experiments/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|push_td3_diag|push_sac_diag|other_tasks|htrpo_discrete|htrpo_reach_discrete|htrpo_reach_entropy|htrpo_push_discrete|htrpo_push_discrete_critic_batch|htrpo_push|ms_pacman|ms_pacman_htrpo_levers|hpg_screen|htrpo_vs_hpg|htrpo_ablations|htrpo_reach|htrpo_reach_fast|htrpo_bits|htrpo_bits32|bitflip_dqn|predator_prey|predator_prey_sac|predator_prey_shift|predator_prey_shift_clip|predator_prey_static|push_updates|robotics_updates|slide_best|slide_updates|pick_and_place_clip|push_ranks|push_ranks_scheduled|push_ranks_cycle_targets|htrpo_push_levers|htrpo_push_authors|htrpo_slide|htrpo_push_hold_ft|htrpo_push_cap_ft|hpg_push" >&2
     exit 2 ;;
 esac
