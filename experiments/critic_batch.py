@@ -26,19 +26,14 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS  # noqa: E402
-from park_runs import CHECKPOINT  # noqa: E402
+from htrpo_batches import htrpo_from_checkpoint  # noqa: E402
 from unseen_eval import run_dirs  # noqa: E402  (also puts this checkout's her_mpi first)
 
-from her_mpi.checkpoint import load_checkpoint  # noqa: E402
-from her_mpi.config import config_from_dict  # noqa: E402
 from her_mpi.process_tuning import reuse_large_allocations  # noqa: E402
-from her_mpi.rollout import RolloutWorker  # noqa: E402
-from her_mpi.trainer import build_agent  # noqa: E402
 
 
 @torch.no_grad()
@@ -47,18 +42,13 @@ def mse(agent, x: torch.Tensor, targets: torch.Tensor) -> float:
 
 
 def measure(run: Path, n_episodes: int, sizes: list[int]) -> dict:
-    state = load_checkpoint(run / CHECKPOINT)
-    config = config_from_dict(state["config"])
-    if config.algo_name != "htrpo" or not config.algo.critic:
-        raise SystemExit(f"critic_batch.py: {run} trains {config.algo_name!r} (critic: "
-                         f"{getattr(config.algo, 'critic', None)}), expected an htrpo run with a critic")
-    torch.set_num_threads(config.train.torch_threads)  # the process settings a training rank runs with
-    torch.set_flush_denormal(True)
-    reuse_large_allocations()
-    worker = RolloutWorker(config.env, n_episodes, np.random.SeedSequence(12345))
     rows: list[dict] = []
-    try:
-        agent = build_agent(config, worker.spec, worker.envs[0], np.random.SeedSequence(1))
+    with htrpo_from_checkpoint(run, n_episodes, "critic_batch.py") as (state, config, agent, learn):
+        if not config.algo.critic:
+            raise SystemExit(f"critic_batch.py: {run} has algo.critic false, expected an htrpo run with a critic")
+        torch.set_num_threads(config.train.torch_threads)  # the process settings a training rank runs with
+        torch.set_flush_denormal(True)
+        reuse_large_allocations()
         agent.policy_step = lambda batch: {}  # the batch and its targets are built as training does; no step
         held_out: list[tuple[torch.Tensor, torch.Tensor]] = []
 
@@ -96,11 +86,7 @@ def measure(run: Path, n_episodes: int, sizes: list[int]) -> dict:
 
         for fit in (capture, compare):  # batch B first (held out), then batch A (fitted)
             agent.fit_value = fit
-            agent.load_state_dict(state["agent"])
-            agent.start_episodes(n_episodes)
-            agent.learn(worker.generate(lambda obs, g: agent.act(obs, g, explore=True), n_episodes))
-    finally:
-        worker.close()
+            learn()
     return {"run": str(run), "env_steps": int(state.get("env_steps", 0) or 0), "episodes": n_episodes,
             "held_out_rows": len(held_out[0][0]), "held_out_target_std": float(held_out[0][1].std()), "fits": rows}
 

@@ -26,31 +26,17 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS  # noqa: E402
-from park_runs import CHECKPOINT  # noqa: E402
+from htrpo_batches import htrpo_from_checkpoint  # noqa: E402
 from unseen_eval import run_dirs  # noqa: E402  (also puts this checkout's her_mpi first)
-
-from her_mpi.checkpoint import load_checkpoint  # noqa: E402
-from her_mpi.config import config_from_dict  # noqa: E402
-from her_mpi.rollout import RolloutWorker  # noqa: E402
-from her_mpi.trainer import build_agent  # noqa: E402
 
 
 def measure(run: Path, n_episodes: int, n_batches: int, weighting: str) -> dict:
-    state = load_checkpoint(run / CHECKPOINT)
-    config = config_from_dict(state["config"])
-    if config.algo_name != "htrpo":
-        raise SystemExit(f"entropy_gradient.py: {run} trains {config.algo_name!r}, expected an htrpo run")
-    worker = RolloutWorker(config.env, n_episodes, np.random.SeedSequence(12345))
-    try:
-        agent = build_agent(config, worker.spec, worker.envs[0], np.random.SeedSequence(1))
-        batches = []
+    batches = []
+    with htrpo_from_checkpoint(run, n_episodes, "entropy_gradient.py") as (state, config, agent, learn):
+        # learn() builds the batch exactly as training does, then "steps": measures instead
         agent.policy_step = lambda batch: batches.append(agent.gradient_measures(batch, weighting)) or {}
-        for _ in range(n_batches):  # learn() builds the batch exactly as training does, then "steps"
-            agent.load_state_dict(state["agent"])
-            agent.start_episodes(n_episodes)
-            agent.learn(worker.generate(lambda obs, g: agent.act(obs, g, explore=True), n_episodes))
-    finally:
-        worker.close()
+        for _ in range(n_batches):
+            learn()
     mean = {k: float(np.mean([b[k] for b in batches])) for k in batches[0]}
     ratios = [b["fisher_norm_surrogate"] / b["fisher_norm_entropy"] for b in batches]
     return {"run": str(run), "env_steps": int(state.get("env_steps", 0) or 0), "batches": n_batches,

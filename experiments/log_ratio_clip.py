@@ -22,13 +22,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS  # noqa: E402
-from park_runs import CHECKPOINT  # noqa: E402
+from htrpo_batches import htrpo_from_checkpoint  # noqa: E402
 from unseen_eval import run_dirs  # noqa: E402  (also puts this checkout's her_mpi first)
 
-from her_mpi.checkpoint import load_checkpoint  # noqa: E402
-from her_mpi.config import config_from_dict  # noqa: E402
-from her_mpi.rollout import RolloutWorker  # noqa: E402
-from her_mpi.trainer import build_agent  # noqa: E402
 
 
 def effective_sample_size(h: np.ndarray) -> float:
@@ -66,14 +62,8 @@ def batch_measures(weights, params, data, copy, t, log_ratio, n_original, n_goal
 
 
 def measure(run: Path, n_episodes: int, n_batches: int, caps=()) -> dict:
-    state = load_checkpoint(run / CHECKPOINT)
-    config = config_from_dict(state["config"])
-    if config.algo_name != "htrpo":
-        raise SystemExit(f"log_ratio_clip.py: {run} trains {config.algo_name!r}, expected an htrpo run")
-    worker = RolloutWorker(config.env, n_episodes, np.random.SeedSequence(12345))
     batches = []
-    try:
-        agent = build_agent(config, worker.spec, worker.envs[0], np.random.SeedSequence(1))
+    with htrpo_from_checkpoint(run, n_episodes, "log_ratio_clip.py") as (state, config, agent, learn):
         weights = agent.importance_weights
 
         def recorded(*args, **kwargs):
@@ -84,11 +74,7 @@ def measure(run: Path, n_episodes: int, n_batches: int, caps=()) -> dict:
         agent.importance_weights = recorded
         agent.policy_step = lambda batch: {}  # measure the batch, take no step
         for _ in range(n_batches):
-            agent.load_state_dict(state["agent"])
-            agent.start_episodes(n_episodes)
-            agent.learn(worker.generate(lambda obs, g: agent.act(obs, g, explore=True), n_episodes))
-    finally:
-        worker.close()
+            learn()
     return {"run": str(run), "env_steps": int(state.get("env_steps", 0) or 0), "episodes": n_episodes,
             "max_log_ratio": agent.params.max_log_ratio, "batches": batches}
 
