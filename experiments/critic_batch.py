@@ -5,7 +5,7 @@
 HTRPO refits its value network V(s, g) once per iteration: algo.critic_iters Adam steps on that
 iteration's TD targets, over every row (hundreds of thousands of hindsight rows on Fetch) unless
 algo.critic_batch_size draws fewer per step. This script collects two batches of exploration
-episodes with each run's checkpoints/latest.pt (one process: one rank's share of an iteration) and
+episodes with each run's checkpoints/latest.pt (one process, ``--episodes`` per batch: up to a rank's share of an iteration) and
 builds them as training does. From the checkpoint's critic and optimizer it then fits batch A's
 targets with each ``--sizes`` value (0: the full batch) and reports the fit's seconds, its loss on A,
 its loss on batch B (rows it never saw: what the next iteration's advantages lean on), and how far
@@ -95,7 +95,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="run or sweep directories with checkpoints/latest.pt")
     parser.add_argument("--episodes", type=int, default=16,
-                        help="episodes per batch (one rank's share of an iteration: the Fetch recipes' 16)")
+                        help="episodes per batch (a rank's share of an iteration: 16 in fetch_push_discrete_htrpo, "
+                             "32 in fetch_push_htrpo)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[0, 32768, 8192],
                         help="algo.critic_batch_size values to fit with (0: the full batch; put it first)")
     parser.add_argument("--name", default="critic_batch", help="results file stem in experiments/results/")
