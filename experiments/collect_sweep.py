@@ -6,7 +6,8 @@
 Copies every run's progress.csv, config.yaml, provenance.yaml, sweep.json and finished.json (small files; no checkpoints)
 from the sweep directory to experiments/results/runs/<name>/<recipe>/seed<s>/, then writes the
 aggregate curves and table with ``python -m her_mpi.plot``: experiments/results/<name>.png, .md and
-.json, each ending with the command that made it (so a results file says how to re-make it). Runs still going are included with the epochs they have; run it again as they finish.
+.json, the md and json ending with the command that made them (so a results file says how to re-make
+it). Runs still going are included with the epochs they have; run it again as they finish.
 A run stored earlier whose run directory is gone from the sweep (runs/ did not survive a session, or
 the run was parked) is kept as stored, and said so (unfinished ones only without ``--finished-only``);
 ``--drop-missing`` removes it.

@@ -5,15 +5,15 @@
 HTRPO refits its value network V(s, g) once per iteration: algo.critic_iters Adam steps on that
 iteration's TD targets, over every row (hundreds of thousands of hindsight rows on Fetch) unless
 algo.critic_batch_size draws fewer per step. This script collects two batches of exploration
-episodes with each run's checkpoints/latest.pt (one process, ``--episodes`` per batch: up to a rank's share of an iteration) and
-builds them as training does. From the checkpoint's critic and optimizer it then fits batch A's
-targets with each ``--sizes`` value (0: the full batch) and reports the fit's seconds, its loss on A,
-its loss on batch B (rows it never saw: what the next iteration's advantages lean on), and how far
-its values on B are from the full-batch fit's (RMS, in units of B's target spread; on the "before"
-row, how far the full fit itself moves them). Batch B's targets are the checkpoint critic's TD
-targets, so the "before" row's held-out loss is that critic's own TD error: compare the fits with
-each other, not with it. One fit from
-one checkpoint, not a training run: it says whether a minibatch fits as well, not how learning goes.
+episodes with each run's checkpoints/latest.pt (one process, ``--episodes`` per batch: up to a
+rank's share of an iteration) and builds them as training does. From the checkpoint's critic and
+optimizer it then fits batch A's targets with each ``--sizes`` value (0: the full batch) and
+reports the fit's seconds, its loss on A, its loss on batch B (rows it never saw: what the next
+iteration's advantages lean on), and how far its values on B are from the full-batch fit's (RMS,
+in units of B's target spread; on the "before" row, how far the full fit itself moves them).
+Batch B's targets are the checkpoint critic's TD targets, so the "before" row's held-out loss is
+that critic's own TD error: compare the fits with each other, not with it. One fit from one
+checkpoint, not a training run: it says whether a minibatch fits as well, not how learning goes.
 Seconds are this machine's, side by side in one process. Results: experiments/results/<name>.json and .md.
 """
 

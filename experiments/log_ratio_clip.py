@@ -26,7 +26,6 @@ from htrpo_batches import htrpo_from_checkpoint  # noqa: E402
 from unseen_eval import run_dirs  # noqa: E402  (also puts this checkout's her_mpi first)
 
 
-
 def effective_sample_size(h: np.ndarray) -> float:
     return float(h.sum() ** 2 / max(float((h.astype(np.float64) ** 2).sum()), 1e-300))
 
