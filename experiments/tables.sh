@@ -18,7 +18,7 @@
 #     experiments/tables.sh other_tasks     # PickAndPlace 600k, Slide 600k (RECIPE=td3), HandReach 500k (HAND_RECIPE=ddpg), 2 seeds
 #     experiments/tables.sh htrpo_discrete  # HTRPO FetchReach/PushDiscrete
 #     EPOCHS=70 experiments/tables.sh htrpo_push_discrete  # HTRPO FetchPushDiscrete only
-#     EPOCHS=80 experiments/tables.sh htrpo_push_discrete_critic_batch  # ... value fit on 8192 rows per step (CRITIC_BATCH), seed 0
+#     EPOCHS=60 experiments/tables.sh htrpo_push_discrete_critic_batch  # ... value fit on 8192 rows per step (CRITIC_BATCH), seed 0
 #     experiments/tables.sh htrpo_reach_discrete  # HTRPO FetchReachDiscrete, the paper's recipe, 3 seeds
 #     experiments/tables.sh htrpo_push      # HTRPO continuous FetchPush, 2M steps
 #     experiments/tables.sh ms_pacman       # HTRPO and DQN+HER on MsPacmanGoal, 2M steps

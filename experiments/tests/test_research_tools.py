@@ -205,3 +205,21 @@ def test_widening_an_exported_policys_input_clip_changes_only_inputs_beyond_the_
     assert np.allclose(trained.act(obs, goal), widened.act(obs, goal))
     obs[5] = 1.0  # the object ~11 std above its mean height: past the trained clip of 5
     assert not np.allclose(trained.act(obs, goal), widened.act(obs, goal))
+
+
+def test_a_resume_clock_counts_seconds_per_env_step_of_the_new_epochs_only():
+    resume_clock = research_script("resume_clock")
+    phases = {"time_rollout_s": 1.0, "time_learn_s": 8.0, "time_eval_s": 1.0}
+    before = {"env_steps": 100_000, "time_s": 5_000.0, "test_success_rate": 0.8, **phases}
+    new = [{"env_steps": 102_000, "time_s": 5_010.0, "test_success_rate": 0.8, **phases},
+           {"env_steps": 105_000, "time_s": 5_020.0, "test_success_rate": 0.9, **phases}]
+    summary = resume_clock.summarise(before, new)
+    assert summary["env_steps"] == 5_000 and summary["epochs"] == 2
+    assert summary["s_per_1k_steps"] == 4.0  # 20 s over 5k steps; the 5,000 s before the resume do not count
+    assert summary["phase_s_per_1k_steps"] == {"time_rollout_s": 0.4, "time_learn_s": 3.2, "time_eval_s": 0.4}
+    assert resume_clock.variant("rows=algo.critic_batch_size=8192,algo.critic_iters=10") == (
+        "rows", ["algo.critic_batch_size=8192", "algo.critic_iters=10"])
+    assert resume_clock.variant("recipe=") == ("recipe", [])
+    for missing_label in ("algo.critic_batch_size", "algo.critic_batch_size=8192"):
+        with pytest.raises(Exception, match="expected LABEL="):
+            resume_clock.variant(missing_label)
