@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
+import sys
 from pathlib import Path
 
 from common import progress
@@ -121,8 +123,12 @@ def main() -> None:
         if not (run / "progress.csv").exists():
             parser.error(f"{run}: no progress.csv there; expected a run directory")
     summaries = [summarise(run, edges) for run in args.runs]
+    labels = [s["label"] for s in summaries]
+    for run, s in zip(args.runs, summaries):
+        if labels.count(s["label"]) > 1:  # seeds of one recipe: tell them apart
+            s["label"] += f" ({run.name})"
     args.out.mkdir(parents=True, exist_ok=True)
-    table = markdown(summaries, edges)
+    table = markdown(summaries, edges) + f"\nMade by `python experiments/early_signals.py {shlex.join(sys.argv[1:])}`\n"
     (args.out / f"{args.name}.md").write_text(table)
     (args.out / f"{args.name}.json").write_text(json.dumps({"spans": edges, "runs": summaries}, indent=1))
     plot(summaries, args.out / f"{args.name}.png")
