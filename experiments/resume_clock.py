@@ -10,7 +10,9 @@ on-policy runs) to runs/bench/<name>/<label>, resumes it under mpirun for ``--ep
 those ``--set`` values, and reads the new progress rows: seconds per 1k env steps in all and per
 phase (rollout, learn, evaluation). Every variant starts from the same checkpoint and random state,
 so the first iteration's batch is the same; learning diverges after it, and so do episode lengths,
-which is why seconds are per env step. The copy trains, RUN_DIR is left as it was. Results:
+which is why seconds are per env step. The first resumed epoch is not counted: a run stopped mid-epoch
+(SIGTERM) finishes that epoch, and its row carries the cycles done before the stop, under the run's
+own settings. The copy trains, RUN_DIR is left as it was. Results:
 experiments/results/<name>.json and .png.
 """
 
@@ -50,7 +52,7 @@ def clock(source: Path, target: Path, sets: list[str], epochs: int, ranks: int) 
     subprocess.run(cmd, check=True, env=mpi_env(), cwd=ROOT)
     wall = time.time() - started
     rows = progress(target)
-    return {"overrides": sets, "wall_s": round(wall, 1), **summarise(rows[done - 1], rows[done:])}
+    return {"overrides": sets, "mpirun_wall_s": round(wall, 1), **summarise(rows[done], rows[done + 1:])}
 
 
 def summarise(before: dict, new: list[dict]) -> dict:
@@ -87,14 +89,16 @@ def main() -> None:
     parser.add_argument("run", type=Path, help="a run directory with checkpoints/latest.pt")
     parser.add_argument("--variant", type=variant, action="append", required=True,
                         help="LABEL=SECTION.KEY=VALUE[,SECTION.KEY=VALUE] (LABEL= for the run's own settings)")
-    parser.add_argument("--epochs", type=int, default=3, help="epochs to train each variant")
+    parser.add_argument("--epochs", type=int, default=3,
+                        help="epochs to train each variant (the first is not counted: at least 2)")
     parser.add_argument("--ranks", type=int, default=2, help="mpirun -np")
     parser.add_argument("--name", default="resume_clock", help="results file stem in experiments/results/")
     args = parser.parse_args()
     if not (args.run / CHECKPOINT).is_file():
         parser.error(f"{args.run}: no {CHECKPOINT} to resume from")
-    if args.epochs < 1 or args.ranks < 1:
-        parser.error(f"--epochs {args.epochs}, --ranks {args.ranks}: expected both >= 1")
+    if args.epochs < 2 or args.ranks < 1:
+        parser.error(f"--epochs {args.epochs}, --ranks {args.ranks}: expected epochs >= 2 (the first is not "
+                     "counted) and ranks >= 1")
     results = {label: clock(args.run, ROOT / "runs" / "bench" / args.name / label, sets, args.epochs, args.ranks)
                for label, sets in args.variant}
     command = "python experiments/resume_clock.py " + " ".join(sys.argv[1:])
