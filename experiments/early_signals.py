@@ -124,9 +124,10 @@ def main() -> None:
             parser.error(f"{run}: no progress.csv there; expected a run directory")
     summaries = [summarise(run, edges) for run in args.runs]
     labels = [s["label"] for s in summaries]
-    for run, s in zip(args.runs, summaries):
-        if labels.count(s["label"]) > 1:  # seeds of one recipe: tell them apart
-            s["label"] += f" ({run.name})"
+    names = [f"{label} ({run.name})" for label, run in zip(labels, args.runs)]
+    for run, s, name in zip(args.runs, summaries, names):
+        if labels.count(s["label"]) > 1:  # seeds of one recipe (or one seed in two sweeps): tell them apart
+            s["label"] = name if names.count(name) == 1 else f"{s['label']} ({run})"
     args.out.mkdir(parents=True, exist_ok=True)
     table = markdown(summaries, edges) + f"\nMade by `python experiments/early_signals.py {shlex.join(sys.argv[1:])}`\n"
     (args.out / f"{args.name}.md").write_text(table)

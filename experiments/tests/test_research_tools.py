@@ -6,6 +6,7 @@ Not part of the package's suite (pytest.ini's testpaths): the package's tests im
 experiments/.
 """
 
+import argparse
 import dataclasses
 import importlib.util
 import json
@@ -207,19 +208,27 @@ def test_widening_an_exported_policys_input_clip_changes_only_inputs_beyond_the_
     assert not np.allclose(trained.act(obs, goal), widened.act(obs, goal))
 
 
-def test_a_resume_clock_counts_seconds_per_env_step_of_the_new_epochs_only():
+def test_a_resume_clock_counts_seconds_per_env_step_of_the_epochs_after_the_first_resumed_one():
     resume_clock = research_script("resume_clock")
     phases = {"time_rollout_s": 1.0, "time_learn_s": 8.0, "time_eval_s": 1.0}
-    before = {"env_steps": 100_000, "time_s": 5_000.0, "test_success_rate": 0.8, **phases}
-    new = [{"env_steps": 102_000, "time_s": 5_010.0, "test_success_rate": 0.8, **phases},
-           {"env_steps": 105_000, "time_s": 5_020.0, "test_success_rate": 0.9, **phases}]
-    summary = resume_clock.summarise(before, new)
-    assert summary["env_steps"] == 5_000 and summary["epochs"] == 2
-    assert summary["s_per_1k_steps"] == 4.0  # 20 s over 5k steps; the 5,000 s before the resume do not count
+    stored = [{"env_steps": 90_000, "time_s": 4_000.0, "test_success_rate": 0.7, **phases}]
+    # the first resumed epoch finishes cycles begun before the stop: its 1,000 s are not the variant's
+    trained = [{"env_steps": 100_000, "time_s": 5_000.0, "test_success_rate": 0.8, **phases},
+               {"env_steps": 102_000, "time_s": 5_010.0, "test_success_rate": 0.8, **phases},
+               {"env_steps": 105_000, "time_s": 5_020.0, "test_success_rate": 0.9, **phases}]
+    summary = resume_clock.summarise(*resume_clock.resumed_rows(stored + trained, 1, 3))
+    assert summary["env_steps"] == 5_000 and summary["epochs"] == 2 and summary["from_env_steps"] == 100_000
+    assert summary["s_per_1k_steps"] == 4.0  # 20 s over 5k steps
     assert summary["phase_s_per_1k_steps"] == {"time_rollout_s": 0.4, "time_learn_s": 3.2, "time_eval_s": 0.4}
-    assert resume_clock.variant("rows=algo.critic_batch_size=8192,algo.critic_iters=10") == (
-        "rows", ["algo.critic_batch_size=8192", "algo.critic_iters=10"])
+    with pytest.raises(RuntimeError, match="expected 5 progress rows .* found 4"):
+        resume_clock.resumed_rows(stored + trained, 1, 4)  # a job that stopped early (e.g. at a success target)
+
+
+def test_a_resume_clock_variant_names_a_directory_and_whole_overrides():
+    resume_clock = research_script("resume_clock")
+    assert resume_clock.variant("rows=algo.critic_batch_size=8192,algo.hidden=[256,256]") == (
+        "rows", ["algo.critic_batch_size=8192", "algo.hidden=[256,256]"])
     assert resume_clock.variant("recipe=") == ("recipe", [])
-    for missing_label in ("algo.critic_batch_size", "algo.critic_batch_size=8192"):
-        with pytest.raises(Exception, match="expected LABEL="):
-            resume_clock.variant(missing_label)
+    for bad in ("algo.critic_batch_size", "algo.critic_batch_size=8192", "../sweeps=", "rows=critic_batch_size=8192"):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected LABEL="):
+            resume_clock.variant(bad)
