@@ -40,7 +40,11 @@ def train(run_dir: Path, config: str, n_ranks: int, overrides: list[str]) -> lis
 
 
 def machine() -> dict:
-    return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+    """Where a result was measured: timings and bit-level results compare only within one CPU model."""
+    from her_mpi.provenance import cpu_kernels, cpu_model
+
+    return {"cpus": os.cpu_count(), "cpu": cpu_model(), "cpu_kernels": cpu_kernels(),
+            "python": platform.python_version(), "platform": platform.platform(),
             "date": time.strftime("%Y-%m-%d %H:%M")}
 
 
