@@ -103,7 +103,7 @@ def markdown(summary: dict, algorithms: list[str]) -> str:
     wins = {a: sum(a in row["best"] and len(row["best"]) == 1 for row in summary["conditions"]) for a in algorithms}
     lines.append("")
     partial = sum(len(row["algorithms"]) < len(algorithms) for row in summary["conditions"])
-    lines.append(f"Conditions with a sole best median: " + ", ".join(f"{a} {n}" for a, n in wins.items())
+    lines.append("Conditions with a sole best median: " + ", ".join(f"{a} {n}" for a, n in wins.items())
                  + f" (of {len(summary['conditions'])}; ties: "
                  + f"{sum(len(r['best']) > 1 for r in summary['conditions'])}"
                  + (f"; in {partial} the best is among the algorithms run there" if partial else "") + ").")
