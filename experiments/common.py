@@ -17,7 +17,8 @@ RESULTS = ROOT / "experiments" / "results"
 _spec = importlib.util.spec_from_file_location("bench_common", ROOT / "bench" / "common.py")
 _bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_bench)
-machine, mpi_env, progress, train = _bench.machine, _bench.mpi_env, _bench.progress, _bench.train
+machine, mpi_env, progress, train, train_command = (_bench.machine, _bench.mpi_env, _bench.progress, _bench.train,
+                                                    _bench.train_command)
 
 
 def save(name: str, result: dict) -> Path:

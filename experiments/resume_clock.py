@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, RESULTS, mpi_env, progress, save  # noqa: E402
+from common import ROOT, RESULTS, mpi_env, progress, save, train_command  # noqa: E402
 from park_runs import CHECKPOINT, copy_run  # noqa: E402  (a run's small files and its checkpoint, no replay)
 
 PHASES = ("time_rollout_s", "time_learn_s", "time_eval_s")
@@ -67,10 +67,9 @@ def clock(source: Path, target: Path, sets: list[str], epochs: int, ranks: int) 
     shutil.rmtree(target, ignore_errors=True)
     copy_run(source, target)
     done = len(progress(target))
-    cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(ranks), sys.executable, "-m",
-           "her_mpi.train", "--resume", str(target), "--set", f"train.n_epochs={done + epochs}",
-           "--set", "train.max_env_steps=null", "--set", "train.stop_success=null",
-           *[word for item in sets for word in ("--set", item)]]
+    cmd = train_command(ranks, ["--resume", str(target)],
+                        [f"train.n_epochs={done + epochs}", "train.max_env_steps=null", "train.stop_success=null", *sets],
+                        mpirun_options=["--bind-to", "none"])
     print("$", shlex.join(cmd), flush=True)
     started = time.time()
     job = subprocess.run(cmd, env=mpi_env(), cwd=ROOT)
