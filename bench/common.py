@@ -6,9 +6,11 @@ import csv
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,17 +28,17 @@ def progress(run_dir: Path) -> list[dict]:
         return [{k: float(v) if v not in ("", None) else None for k, v in r.items()} for r in csv.DictReader(f)]
 
 
-def train_command(n_ranks: int, train_args: list[str], overrides: list[str] = (),
-                  mpirun_options: list[str] = ()) -> list[str]:
+def train_command(n_ranks: int, train_args: Sequence[str], overrides: Sequence[str] = (),
+                  mpirun_options: Sequence[str] = ()) -> list[str]:
     """``mpirun [options] -np N python -m her_mpi.train ARGS --set OVERRIDE ...``, as the scripts start training."""
     return ["mpirun", "--oversubscribe", *mpirun_options, "-np", str(n_ranks), sys.executable, "-m", "her_mpi.train",
             *train_args, *[word for item in overrides for word in ("--set", item)]]
 
 
-def train(run_dir: Path, config: str, n_ranks: int, overrides: list[str]) -> list[dict]:
+def train(run_dir: Path, config: str, n_ranks: int, overrides: Sequence[str]) -> list[dict]:
     """Run `python -m her_mpi.train` under mpirun and return its progress rows."""
     cmd = train_command(n_ranks, ["--config", config, "--run-dir", str(run_dir)], overrides)
-    print("$", " ".join(cmd), flush=True)
+    print("$", shlex.join(cmd), flush=True)
     started = time.time()
     subprocess.run(cmd, check=True, env=mpi_env(), cwd=ROOT)
     print(f"  finished in {time.time() - started:.0f}s", flush=True)
