@@ -6,11 +6,13 @@
 Every directory given is searched for runs (directories with a ``progress.csv``). Runs whose
 ``config.yaml`` is the same apart from the seed (and logging/checkpoint settings) at the same
 number of ranks are one recipe: its curve is the interquartile mean (IQM) of test success over
-the seeds at each epoch, with a 95% stratified-bootstrap confidence band (``rliable``), against
-total env steps. A recipe with one run is drawn as that run's curve.
+the seeds against total env steps, with a 95% stratified-bootstrap confidence band (``rliable``).
+Seeds with equal epoch counts are compared epoch by epoch; seeds that ran different numbers of epochs
+(an env-step budget with episodes that end early) at equal env steps, each read at its last evaluation
+at or before the step. A recipe with one run is drawn as that run's curve.
 
 ``--table PREFIX`` also writes PREFIX.md and PREFIX.json: per recipe, the IQM at the budget (the
-last epoch every seed reached) with its interval, env steps until the IQM curve first reaches
+last point every seed reached) with its interval, env steps until the IQM curve first reaches
 0.5 / 0.8 / 0.9, seeds, ranks, test episodes per evaluation and wall-clock seconds per 100k env
 steps (median over seeds). ``--at 300k`` (repeatable) adds the IQM and its interval at an earlier
 budget: the last evaluation at or before 300k env steps, so one long sweep answers both a table's
@@ -67,16 +69,36 @@ class Recipe:
 
     @property
     def n_epochs(self) -> int:
-        """Epochs every seed has reached: the aggregate stops there."""
+        """Epochs every seed has reached."""
         return min(len(r.rows) for r in self.runs)
 
-    def scores(self) -> np.ndarray:
-        """Test success [seeds, 1 task, epochs] over the common epochs."""
-        return np.stack([r.column("test_success_rate")[: self.n_epochs] for r in self.runs])[:, None, :]
+    @property
+    def aligned_on_env_steps(self) -> bool:
+        """Seeds that ran different numbers of epochs (an env-step budget, with episodes that end early, or
+        runs still going) are compared at equal env steps; seeds with equal epoch counts (an epoch budget)
+        epoch by epoch, which is the same thing when episodes have one length."""
+        return len({len(r.rows) for r in self.runs}) > 1
 
     def env_steps(self) -> np.ndarray:
-        """Mean over seeds of total env steps at each common epoch (equal unless episodes end early)."""
-        return np.mean([r.column("env_steps")[: self.n_epochs] for r in self.runs], axis=0)
+        """The env steps the aggregate is read at. Epoch by epoch: the mean over seeds at each common epoch.
+        On env steps: every seed's evaluations, from the first step where all seeds have one to the last
+        step every seed reached."""
+        steps = [r.column("env_steps") for r in self.runs]
+        if not self.aligned_on_env_steps:
+            return np.mean([s[: self.n_epochs] for s in steps], axis=0)
+        low, high = max(s[0] for s in steps), min(s[-1] for s in steps)
+        every = np.unique(np.concatenate(steps))
+        return every[(every >= low) & (every <= high)]
+
+    def scores(self) -> np.ndarray:
+        """Test success [seeds, 1 task, points of env_steps()]: epoch by epoch, or each seed's last evaluation
+        at or before each point."""
+        success = [r.column("test_success_rate") for r in self.runs]
+        if not self.aligned_on_env_steps:
+            return np.stack([s[: self.n_epochs] for s in success])[:, None, :]
+        grid = self.env_steps()
+        latest = [np.searchsorted(r.column("env_steps"), grid, side="right") - 1 for r in self.runs]
+        return np.stack([s[index] for s, index in zip(success, latest)])[:, None, :]
 
 
 def find_runs(paths: list[Path]) -> list[Run]:
@@ -156,12 +178,12 @@ def group(runs: list[Run]) -> list[Recipe]:
 
 
 def iqm_curve(scores: np.ndarray, reps: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """IQM over runs at every epoch and its 95% stratified bootstrap interval [2, epochs]."""
+    """IQM over runs at every point and its 95% stratified bootstrap interval [2, points]."""
     from rliable import library as rly
     from rliable import metrics
 
     def iqm(s: np.ndarray) -> np.ndarray:
-        return np.array([metrics.aggregate_iqm(s[..., epoch]) for epoch in range(s.shape[-1])])
+        return np.array([metrics.aggregate_iqm(s[..., point]) for point in range(s.shape[-1])])
 
     # rliable's StratifiedBootstrap draws its resampling indices from numpy's GLOBAL generator (its
     # random_state only reaches arch), so seed that for the call and give the caller's state back:
@@ -218,9 +240,8 @@ def span_means(run: Run, edges: tuple[int, ...]) -> list[dict]:
 
 def at_budget(recipe: Recipe, budget: int, reps: int) -> dict:
     """The IQM and interval over each seed's last evaluation at or before ``budget`` env steps; None when
-    a seed stops more than 1% short of it. Read per seed, not off the epoch-aligned curve: when episodes
-    end early, seeds need different epoch counts to reach a budget, and the curve stops at the epochs
-    every seed has, short of the budget the runs were given."""
+    a seed stops more than 1% short of it (a seed that stops just short of its budget still counts here,
+    while the curve ends at the last step every seed reached)."""
     picked = []
     for run in recipe.runs:
         steps = run.column("env_steps")

@@ -339,18 +339,37 @@ def test_iqm_at_an_earlier_budget_reads_the_last_evaluation_before_it(tmp_path):
     assert "runs too short" in plot.markdown_table([summary])
 
 
-def test_iqm_at_a_budget_reads_each_seed_when_seeds_need_different_epoch_counts(tmp_path):
-    # episodes that end early make epochs uneven: seed 0 reaches 30k in 3 epochs, seed 1 needs 4 epochs of
-    # ~7.5k; the epoch-aligned curve stops at 3 epochs (mean 26k), but both seeds were given 30k
-    for seed, (success, steps) in enumerate([([0.1, 0.5, 0.8], [10_000, 20_000, 30_000]),
-                                             ([0.1, 0.2, 0.3, 0.6], [7_600, 15_100, 22_600, 29_950])]):
-        fake_run(tmp_path / f"seed{seed}", seed, success)
-        rows = [line.split(",") for line in (tmp_path / f"seed{seed}/progress.csv").read_text().splitlines()]
+def fake_runs_with_env_steps(folder, seeds):
+    """Runs of one recipe whose evaluations fall at the given env steps: [(test success, env steps)] per seed."""
+    for seed, (success, steps) in enumerate(seeds):
+        fake_run(folder / f"seed{seed}", seed, success)
+        rows = [line.split(",") for line in (folder / f"seed{seed}/progress.csv").read_text().splitlines()]
         rows = rows[:1] + [row[:1] + [str(n)] + row[2:] for row, n in zip(rows[1:], steps)]
-        (tmp_path / f"seed{seed}/progress.csv").write_text("\n".join(",".join(row) for row in rows) + "\n")
-    (recipe,) = plot.group(plot.find_runs([tmp_path]))
+        (folder / f"seed{seed}/progress.csv").write_text("\n".join(",".join(row) for row in rows) + "\n")
+    (recipe,) = plot.group(plot.find_runs([folder]))
+    return recipe
+
+
+def test_seeds_that_ran_equal_epoch_counts_are_compared_epoch_by_epoch(tmp_path):
+    # an epoch budget: seeds whose episodes end at different lengths are read at the same epochs
+    recipe = fake_runs_with_env_steps(tmp_path, [([0.1, 0.5, 0.8], [10_000, 20_000, 30_000]),
+                                                 ([0.1, 0.3, 0.6], [8_000, 15_000, 22_000])])
+    summary = plot.summarise(recipe, reps=200)
+    assert summary["curve"]["env_steps"] == [9_000, 17_500, 26_000]  # the seeds' mean at each epoch
+    assert summary["curve"]["iqm"] == pytest.approx([0.1, 0.4, 0.7])
+
+
+def test_seeds_that_need_different_epoch_counts_are_aligned_on_env_steps(tmp_path):
+    # episodes that end early make epochs uneven: seed 0 reaches 30k in 3 epochs, seed 1 needs 4 epochs of
+    # ~7.5k; aligned on epoch index the curve would stop at 3 epochs (mean 26k), short of the 30k both had
+    recipe = fake_runs_with_env_steps(tmp_path, [([0.1, 0.5, 0.8], [10_000, 20_000, 30_000]),
+                                                 ([0.1, 0.2, 0.3, 0.6], [7_600, 15_100, 22_600, 29_950])])
     summary = plot.summarise(recipe, reps=500, at=(30_000, 20_000))
-    assert summary["budget_env_steps"] < 0.99 * 30_000  # the aligned curve falls short of the budget
+    assert summary["budget_env_steps"] == 29_950  # the last step both seeds reached
+    assert summary["curve"]["env_steps"] == [10_000, 15_100, 20_000, 22_600, 29_950]  # both seeds' evaluations
+    # each seed at its last evaluation at or before every step: seed 0 (0.1, 0.1, 0.5, 0.5, 0.5), seed 1
+    # (0.1, 0.2, 0.2, 0.3, 0.6); two seeds' IQM is their mean
+    assert summary["curve"]["iqm"] == pytest.approx([0.1, 0.15, 0.35, 0.4, 0.55])
     at = {a["budget_env_steps"]: a for a in summary["at"]}
     assert at[30_000]["iqm_success"] == pytest.approx(0.7)  # seeds' last evaluations: 0.8 and 0.6
     assert at[30_000]["env_steps"] == 29_975
