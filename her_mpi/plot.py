@@ -72,21 +72,27 @@ class Recipe:
         """Epochs every seed has reached."""
         return min(len(r.rows) for r in self.runs)
 
+    def common_steps(self) -> tuple[float, float]:
+        """From the first env step where every seed has an evaluation to the last step every seed reached."""
+        steps = [r.column("env_steps") for r in self.runs]
+        return max(s[0] for s in steps), min(s[-1] for s in steps)
+
     @property
     def aligned_on_env_steps(self) -> bool:
         """Seeds that ran different numbers of epochs (an env-step budget, with episodes that end early, or
         runs still going) are compared at equal env steps; seeds with equal epoch counts (an epoch budget)
-        epoch by epoch, which is the same thing when episodes have one length."""
-        return len({len(r.rows) for r in self.runs}) > 1
+        epoch by epoch, which is the same thing when episodes have one length. So are seeds whose
+        evaluations do not overlap yet (one has only its first, after another's last)."""
+        low, high = self.common_steps()
+        return len({len(r.rows) for r in self.runs}) > 1 and low <= high
 
     def env_steps(self) -> np.ndarray:
         """The env steps the aggregate is read at. Epoch by epoch: the mean over seeds at each common epoch.
-        On env steps: every seed's evaluations, from the first step where all seeds have one to the last
-        step every seed reached."""
+        On env steps: every seed's evaluations within common_steps()."""
         steps = [r.column("env_steps") for r in self.runs]
         if not self.aligned_on_env_steps:
             return np.mean([s[: self.n_epochs] for s in steps], axis=0)
-        low, high = max(s[0] for s in steps), min(s[-1] for s in steps)
+        low, high = self.common_steps()
         every = np.unique(np.concatenate(steps))
         return every[(every >= low) & (every <= high)]
 

@@ -376,6 +376,13 @@ def test_seeds_that_need_different_epoch_counts_are_aligned_on_env_steps(tmp_pat
     assert at[20_000]["iqm_success"] == pytest.approx(0.35)  # 0.5 at 20k and 0.2 at 15.1k (22.6k is after)
 
 
+def test_seeds_whose_evaluations_do_not_overlap_yet_are_compared_epoch_by_epoch(tmp_path):
+    # a sweep just started: one seed's first evaluation comes after the other's last; no env step has both
+    recipe = fake_runs_with_env_steps(tmp_path, [([0.1], [15_000]), ([0.2, 0.4], [7_000, 14_000])])
+    summary = plot.summarise(recipe, reps=200)
+    assert summary["curve"]["env_steps"] == [11_000] and summary["curve"]["iqm"] == pytest.approx([0.15])
+
+
 def test_span_means_average_each_seeds_evaluations_between_the_edges(tmp_path):
     fake_run(tmp_path / "seed0", 0, [0.1, 0.3, 0.5, 0.7, 0.9])  # at 10k, 20k, ..., 50k env steps
     fake_run(tmp_path / "seed1", 1, [0.0, 0.2])  # stopped at 20k
