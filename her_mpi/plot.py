@@ -12,7 +12,8 @@ Seeds with equal epoch counts are compared epoch by epoch; seeds that ran differ
 at or before the step. A recipe with one run is drawn as that run's curve.
 
 ``--table PREFIX`` also writes PREFIX.md and PREFIX.json: per recipe, the IQM at the budget (the
-last point every seed reached) with its interval, env steps until the IQM curve first reaches
+curve's last point: the last epoch every seed reached, at the seeds' mean env steps, or the last env
+step every seed reached) with its interval, env steps until the IQM curve first reaches
 0.5 / 0.8 / 0.9, seeds, ranks, test episodes per evaluation and wall-clock seconds per 100k env
 steps (median over seeds). ``--at 300k`` (repeatable) adds the IQM and its interval at an earlier
 budget: the last evaluation at or before 300k env steps, so one long sweep answers both a table's
@@ -79,12 +80,14 @@ class Recipe:
 
     @property
     def aligned_on_env_steps(self) -> bool:
-        """Seeds that ran different numbers of epochs (an env-step budget, with episodes that end early, or
-        runs still going) are compared at equal env steps; seeds with equal epoch counts (an epoch budget)
-        epoch by epoch, which is the same thing when episodes have one length. So are seeds whose
-        evaluations do not overlap yet (one has only its first, after another's last)."""
+        """Seeds that ran different numbers of epochs (an env-step budget with episodes that end early,
+        ``train.stop_success``, or runs still going) are compared at equal env steps; seeds with equal epoch
+        counts (an epoch budget) epoch by epoch, which is the same thing when episodes have one length. So
+        are seeds whose evaluations do not overlap yet (one has only its first, after another's last) and
+        a progress.csv whose env steps go backwards (no step can be read off it)."""
         low, high = self.common_steps()
-        return len({len(r.rows) for r in self.runs}) > 1 and low <= high
+        increasing = all(np.all(np.diff(r.column("env_steps")) >= 0) for r in self.runs)
+        return len({len(r.rows) for r in self.runs}) > 1 and low <= high and increasing
 
     def env_steps(self) -> np.ndarray:
         """The env steps the aggregate is read at. Epoch by epoch: the mean over seeds at each common epoch.
@@ -186,10 +189,10 @@ def group(runs: list[Run]) -> list[Recipe]:
 def iqm_curve(scores: np.ndarray, reps: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """IQM over runs at every point and its 95% stratified bootstrap interval [2, points]."""
     from rliable import library as rly
-    from rliable import metrics
+    from scipy import stats
 
-    def iqm(s: np.ndarray) -> np.ndarray:
-        return np.array([metrics.aggregate_iqm(s[..., point]) for point in range(s.shape[-1])])
+    def iqm(s: np.ndarray) -> np.ndarray:  # rliable's aggregate_iqm (over runs x tasks) at every point at once
+        return stats.trim_mean(s.reshape(-1, s.shape[-1]), proportiontocut=0.25, axis=0)
 
     # rliable's StratifiedBootstrap draws its resampling indices from numpy's GLOBAL generator (its
     # random_state only reaches arch), so seed that for the call and give the caller's state back:
@@ -286,7 +289,8 @@ def summarise(recipe: Recipe, reps: int, at: tuple[int, ...] = (), spans: tuple[
         "test_episodes_per_eval": None if np.isnan(test_episodes) else int(test_episodes),
         "curve": {"env_steps": [int(s) for s in steps], "iqm": [float(v) for v in curve],
                   "ci95_low": [float(v) for v in interval[0]], "ci95_high": [float(v) for v in interval[1]],
-                  "per_seed": {str(r.seed): [float(v) for v in r.column("test_success_rate")] for r in recipe.runs}},
+                  "per_seed": {str(r.seed): [float(v) for v in r.column("test_success_rate")] for r in recipe.runs},
+                  "per_seed_env_steps": {str(r.seed): [int(v) for v in r.column("env_steps")] for r in recipe.runs}},
         "runs": [str(r.path) for r in recipe.runs],
         "spans": {str(r.seed): span_means(r, spans) for r in recipe.runs} if spans else {},
     }

@@ -370,6 +370,8 @@ def test_seeds_that_need_different_epoch_counts_are_aligned_on_env_steps(tmp_pat
     # each seed at its last evaluation at or before every step: seed 0 (0.1, 0.1, 0.5, 0.5, 0.5), seed 1
     # (0.1, 0.2, 0.2, 0.3, 0.6); two seeds' IQM is their mean
     assert summary["curve"]["iqm"] == pytest.approx([0.1, 0.15, 0.35, 0.4, 0.55])
+    assert len(summary["curve"]["ci95_low"]) == len(summary["curve"]["ci95_high"]) == 5
+    assert summary["steps_to_0.5"] == 29_950 and summary["steps_to_0.8"] is None  # read off the aligned curve
     at = {a["budget_env_steps"]: a for a in summary["at"]}
     assert at[30_000]["iqm_success"] == pytest.approx(0.7)  # seeds' last evaluations: 0.8 and 0.6
     assert at[30_000]["env_steps"] == 29_975
