@@ -82,9 +82,9 @@ class Recipe:
     def aligned_on_env_steps(self) -> bool:
         """Seeds that ran different numbers of epochs (an env-step budget with episodes that end early,
         ``train.stop_success``, or runs still going) are compared at equal env steps; seeds with equal epoch
-        counts (an epoch budget) epoch by epoch, which is the same thing when episodes have one length. So
-        are seeds whose evaluations do not overlap yet (one has only its first, after another's last) and
-        a progress.csv whose env steps go backwards (no step can be read off it)."""
+        counts (an epoch budget) epoch by epoch, which is the same thing when episodes have one length.
+        Also epoch by epoch: seeds whose evaluations do not overlap yet (one has only its first, after
+        another's last) and a progress.csv whose env steps go backwards (no step can be read off it)."""
         low, high = self.common_steps()
         increasing = all(np.all(np.diff(r.column("env_steps")) >= 0) for r in self.runs)
         return len({len(r.rows) for r in self.runs}) > 1 and low <= high and increasing
