@@ -73,41 +73,27 @@ class Recipe:
         """Epochs every seed has reached."""
         return min(len(r.rows) for r in self.runs)
 
-    def common_steps(self) -> tuple[float, float]:
-        """From the first env step where every seed has an evaluation to the last step every seed reached."""
+    def aligned(self) -> tuple[np.ndarray, np.ndarray]:
+        """The env steps the aggregate is read at and test success there [seeds, 1 task, points].
+
+        Seeds with equal epoch counts (an epoch budget) are compared epoch by epoch, at the mean of their env
+        steps: the same thing as equal env steps when episodes have one length. Seeds that ran different
+        numbers of epochs (an env-step budget with episodes that end early, ``train.stop_success``, or runs
+        still going) are read at every seed's evaluations from the first step where all have one to the last
+        step every seed reached, each seed at its last evaluation at or before the step. Also epoch by epoch:
+        seeds whose evaluations do not overlap yet (one has only its first, after another's last) and a
+        progress.csv whose env steps go backwards (no step can be read off it)."""
         steps = [r.column("env_steps") for r in self.runs]
-        return max(s[0] for s in steps), min(s[-1] for s in steps)
-
-    @property
-    def aligned_on_env_steps(self) -> bool:
-        """Seeds that ran different numbers of epochs (an env-step budget with episodes that end early,
-        ``train.stop_success``, or runs still going) are compared at equal env steps; seeds with equal epoch
-        counts (an epoch budget) epoch by epoch, which is the same thing when episodes have one length.
-        Also epoch by epoch: seeds whose evaluations do not overlap yet (one has only its first, after
-        another's last) and a progress.csv whose env steps go backwards (no step can be read off it)."""
-        low, high = self.common_steps()
-        increasing = all(np.all(np.diff(r.column("env_steps")) >= 0) for r in self.runs)
-        return len({len(r.rows) for r in self.runs}) > 1 and low <= high and increasing
-
-    def env_steps(self) -> np.ndarray:
-        """The env steps the aggregate is read at. Epoch by epoch: the mean over seeds at each common epoch.
-        On env steps: every seed's evaluations within common_steps()."""
-        steps = [r.column("env_steps") for r in self.runs]
-        if not self.aligned_on_env_steps:
-            return np.mean([s[: self.n_epochs] for s in steps], axis=0)
-        low, high = self.common_steps()
-        every = np.unique(np.concatenate(steps))
-        return every[(every >= low) & (every <= high)]
-
-    def scores(self) -> np.ndarray:
-        """Test success [seeds, 1 task, points of env_steps()]: epoch by epoch, or each seed's last evaluation
-        at or before each point."""
         success = [r.column("test_success_rate") for r in self.runs]
-        if not self.aligned_on_env_steps:
-            return np.stack([s[: self.n_epochs] for s in success])[:, None, :]
-        grid = self.env_steps()
-        latest = [np.searchsorted(r.column("env_steps"), grid, side="right") - 1 for r in self.runs]
-        return np.stack([s[index] for s, index in zip(success, latest)])[:, None, :]
+        low, high = max(s[0] for s in steps), min(s[-1] for s in steps)
+        uneven = len({len(s) for s in steps}) > 1
+        if not (uneven and low <= high and all(np.all(np.diff(s) >= 0) for s in steps)):
+            common = self.n_epochs
+            return np.mean([s[:common] for s in steps], axis=0), np.stack([s[:common] for s in success])[:, None, :]
+        every = np.unique(np.concatenate(steps))
+        grid = every[(every >= low) & (every <= high)]
+        latest = [np.searchsorted(s, grid, side="right") - 1 for s in steps]
+        return grid, np.stack([s[index] for s, index in zip(success, latest)])[:, None, :]
 
 
 def find_runs(paths: list[Path]) -> list[Run]:
@@ -270,8 +256,8 @@ def first_crossing(steps: np.ndarray, curve: np.ndarray, threshold: float) -> in
 
 
 def summarise(recipe: Recipe, reps: int, at: tuple[int, ...] = (), spans: tuple[int, ...] = ()) -> dict:
-    steps = recipe.env_steps()
-    curve, interval = iqm_curve(recipe.scores(), reps)
+    steps, scores = recipe.aligned()
+    curve, interval = iqm_curve(scores, reps)
     seconds_per_100k = [float(r.column("time_s")[-1] / r.column("env_steps")[-1] * 1e5) for r in recipe.runs]
     first = recipe.runs[0]
     test_episodes = first.column("test_episodes")[-1] if "test_episodes" in first.rows[-1] else np.nan
