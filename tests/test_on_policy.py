@@ -829,3 +829,26 @@ def test_orthogonal_init_starts_the_policy_near_zero(algo, env_id, discrete):
         with torch.no_grad():
             outputs[init] = agent.policy_net(x).abs().mean()  # means, or logits
     assert outputs["orthogonal"] < 0.3 * outputs["xavier"]
+
+
+def test_a_full_batch_value_fit_in_pieces_takes_the_whole_batchs_steps(monkeypatch):
+    import copy
+
+    import her_mpi.algos.on_policy as on_policy
+
+    agent, _ = predator_prey_agent("htrpo")
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(1000, agent.inputs.out_dim, generator=generator)
+    targets = torch.randn(1000, generator=generator)
+    whole = copy.deepcopy(agent.value_net)
+    optimizer = torch.optim.Adam(whole.parameters(), lr=agent.params.lr_critic, eps=1e-8)
+    for _ in range(3):
+        optimizer.zero_grad()
+        expected_loss = (whole(x).squeeze(-1) - targets).pow(2).mean()
+        expected_loss.backward()
+        optimizer.step()
+    monkeypatch.setattr(on_policy, "VALUE_FIT_PIECE", 300)  # 4 pieces, the last one short
+    loss = agent.fit_value(x, targets, iterations=3)
+    assert loss == pytest.approx(float(expected_loss), rel=1e-5)
+    for fitted, reference in zip(agent.value_net.parameters(), whole.parameters()):
+        torch.testing.assert_close(fitted, reference, rtol=1e-4, atol=1e-6)

@@ -39,6 +39,8 @@ from her_mpi.nets import ActionScaler, DeployablePolicy, GreedyAction
 from her_mpi.optim import SyncedAdam
 from her_mpi.rollout import Episodes
 
+VALUE_FIT_PIECE = 2048  # rows per piece of a full-batch value gradient (fit_value)
+
 
 @dataclass
 class OnPolicyParams:
@@ -244,17 +246,25 @@ class OnPolicyAgent(Agent):
         return self.inputs.rows(observations, torch.from_numpy(ep * stride + t), torch.from_numpy(goals))
 
     def fit_value(self, x, targets: torch.Tensor, iterations: int, batch_size: int = 0) -> float:
-        """Regress V(x) on fixed targets; full batch (batch_size 0) or minibatches per iteration."""
+        """Regress V(x) on fixed targets; full batch (batch_size 0) or minibatches per iteration.
+
+        A full batch's gradient is summed over pieces of ``VALUE_FIT_PIECE`` rows: the same step, but no
+        layer's activations for every row at once. Those are tens of MB per layer on a Fetch batch, which
+        glibc maps and unmaps on every pass; paging them in cost a quarter of the fit's time. Image rows
+        stay whole, since their rows share each frame's convolution (her_mpi.cnn.FrameRows)."""
         loss = torch.zeros(())
         n = len(x)
+        piece = VALUE_FIT_PIECE if isinstance(x, torch.Tensor) else max(n, 1)
         for _ in range(iterations):
             if batch_size and n > batch_size:
                 index = torch.randint(0, n, (batch_size,), generator=self.torch_rng)
                 loss = (self.value_net(x[index]).squeeze(-1) - targets[index]).pow(2).mean()
+                self.value_optimizer.minimize(loss)
             else:
-                loss = (self.value_net(x).squeeze(-1) - targets).pow(2).mean()
-            self.value_optimizer.minimize(loss)
-        return float(loss.detach())
+                loss = self.value_optimizer.minimize_sum(
+                    (self.value_net(x[i:i + piece]).squeeze(-1) - targets[i:i + piece]).pow(2).sum() / n
+                    for i in range(0, n, piece))
+        return float(loss)
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "n_iterations": self.n_iterations}

@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 
-
 class GaussianPolicy(nn.Module):
     """Diagonal Gaussian with a tanh-bounded mean and a state-independent log-std (HTRPO).
 

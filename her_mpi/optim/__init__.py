@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -89,6 +90,19 @@ class SyncedOptimizer(ABC):
     def minimize(self, loss: torch.Tensor, output: torch.Tensor | None = None) -> None:
         self.backward(loss, output)
         self.step()
+
+    def minimize_sum(self, losses: Iterable[torch.Tensor]) -> torch.Tensor:
+        """Step on the gradient of a sum of losses, each term backpropagated as soon as it is made, so one
+        term's graph is alive at a time (a large batch taken in pieces); returns the sum. First-order
+        optimizers: no network output reaches :meth:`prepare`."""
+        self.flat.zero_grad()
+        total = torch.zeros(())
+        for loss in losses:
+            loss.backward(inputs=self.flat.params)  # accumulates into the flat gradient's views
+            total += loss.detach()
+        self._gradient_ready()
+        self.step()
+        return total
 
     def prepare(self, output: torch.Tensor | None) -> None:
         """Before the gradient: nothing for first-order optimizers."""
