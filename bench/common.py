@@ -45,6 +45,14 @@ def train(run_dir: Path, config: str, n_ranks: int, overrides: Sequence[str]) ->
     return progress(run_dir)
 
 
+def measure_in_process(script: str, mode: str, args: Sequence[str]) -> dict:
+    """``python SCRIPT --mode MODE ARGS`` in a fresh process (its own allocator and caches, so one mode's memory
+    cannot speed or slow the other's): the JSON object it prints last."""
+    command = [sys.executable, script, "--mode", mode, *args]
+    result = subprocess.run(command, check=True, capture_output=True, text=True, cwd=ROOT)
+    return json.loads(result.stdout.splitlines()[-1])
+
+
 def machine() -> dict:
     """Where a result was measured: timings and bit-level results compare only within one CPU model."""
     from her_mpi.provenance import cpu_kernels, cpu_model

@@ -19,14 +19,12 @@ import copy
 import json
 import resource
 import statistics
-import subprocess
-import sys
 import time
 
 import numpy as np
 import torch
 
-from common import ROOT, save
+from common import measure_in_process, save
 
 # The recipe as it was when bench/results/image_rows.json was measured (hindsight copies only, no entropy
 # bonus); the recipe later added the episodes' own goals, which changes the row count. --set overrides these.
@@ -76,12 +74,9 @@ def main() -> None:
     if args.mode:
         print(json.dumps(measure(args.mode, args.episodes, args.repeats, args.overrides)))
         return
-    results = {}
-    for mode in ("dense", "shared"):
-        command = [sys.executable, __file__, "--mode", mode, "--repeats", str(args.repeats),
-                   "--episodes", str(args.episodes)] + [f"--set={item}" for item in args.overrides]
-        results[mode] = json.loads(subprocess.run(command, check=True, capture_output=True, text=True,
-                                                  cwd=ROOT).stdout.splitlines()[-1])
+    options = ["--repeats", str(args.repeats), "--episodes", str(args.episodes)]
+    options += [f"--set={item}" for item in args.overrides]
+    results = {mode: measure_in_process(__file__, mode, options) for mode in ("dense", "shared")}
     dense, shared = (np.array(results[m].pop("policy_after")) for m in ("dense", "shared"))
     before = np.array(results["dense"].pop("policy_before"))
     results["shared"].pop("policy_before")

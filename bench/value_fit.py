@@ -22,14 +22,13 @@ import copy
 import json
 import resource
 import statistics
-import subprocess
 import sys
 import time
 
 import numpy as np
 import torch
 
-from common import ROOT, RESULTS, save
+from common import RESULTS, measure_in_process, save
 
 
 def measure(mode: str, config_name: str, checkpoint: str | None, n_episodes: int, repeats: int) -> dict:
@@ -111,12 +110,9 @@ def main() -> None:
     if args.mode:
         print(json.dumps(measure(args.mode, args.config, args.checkpoint, args.episodes, args.repeats)))
         return
-    results = {}
-    for mode in ("whole", "pieces"):
-        command = [sys.executable, __file__, "--mode", mode, "--config", args.config, "--episodes", str(args.episodes),
-                   "--repeats", str(args.repeats)] + (["--checkpoint", args.checkpoint] if args.checkpoint else [])
-        results[mode] = json.loads(subprocess.run(command, check=True, capture_output=True, text=True,
-                                                  cwd=ROOT).stdout.splitlines()[-1])
+    options = ["--config", args.config, "--episodes", str(args.episodes), "--repeats", str(args.repeats)]
+    options += ["--checkpoint", args.checkpoint] if args.checkpoint else []
+    results = {mode: measure_in_process(__file__, mode, options) for mode in ("whole", "pieces")}
     whole, pieces = (np.array(results[m].pop("value_after")) for m in ("whole", "pieces"))
     result = {"what": "one HTRPO learn() per mode, np=1: the full-batch value fit whole vs in pieces",
               "config": args.config, "checkpoint": args.checkpoint, "episodes": args.episodes,
