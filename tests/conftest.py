@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from helpers import TINY
@@ -20,3 +22,13 @@ def ieee_subnormals():
 
     torch.set_flush_denormal(False)
     yield
+
+
+def pytest_configure(config):
+    """A suite stopped with SIGTERM (a CI timeout, ``kill PID``) unwinds like one stopped with Ctrl-C,
+    so fixtures and ``with`` blocks clean up: the simulated hosts' daemons and network namespaces
+    would otherwise outlive it."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)

@@ -92,6 +92,7 @@ class FakeCluster:
 
     def __exit__(self, *exc) -> None:
         self.kill_hosts()
+        self.kill_namespace_processes()
         subprocess.run(["ip", "netns", "delete", self.netns], capture_output=True)
 
     def mpirun(self, n_ranks: int, args: list, hostfile: bool = True, btl: str = "tcp,self") -> list[str]:
@@ -132,6 +133,16 @@ class FakeCluster:
         """SIGKILL whatever is left on every host (frozen processes included)."""
         for name in self.names:
             self.signal_host(name, signal.SIGKILL)
+
+    def kill_namespace_processes(self) -> None:
+        """SIGKILL whatever still runs in the network namespace: mpirun, and the hosts' processes if
+        their UTS records were never written (a test interrupted while the hosts started)."""
+        listed = subprocess.run(["ip", "netns", "pids", self.netns], capture_output=True, text=True)
+        for pid in map(int, listed.stdout.split()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def wait_for_hosts(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
