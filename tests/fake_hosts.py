@@ -65,6 +65,16 @@ def processes_in_namespaces(uts: str, net: str) -> list[int]:
     return found
 
 
+def send_signal(pids: list[int], signum: int) -> list[int]:
+    """Send ``signum`` to each of ``pids`` that still exists; returns ``pids``."""
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
 class FakeCluster:
     """A network namespace and hosts ``names``: ``with FakeCluster(tmp_path) as cluster: ...``."""
 
@@ -121,13 +131,7 @@ class FakeCluster:
         return int((self.directory / f"{name}.agent").read_text())
 
     def signal_host(self, name: str, signum: int) -> list[int]:
-        pids = self.host_pids(name)
-        for pid in pids:
-            try:
-                os.kill(pid, signum)
-            except ProcessLookupError:
-                pass
-        return pids
+        return send_signal(self.host_pids(name), signum)
 
     def kill_hosts(self) -> None:
         """SIGKILL whatever is left on every host (frozen processes included)."""
@@ -138,11 +142,7 @@ class FakeCluster:
         """SIGKILL whatever still runs in the network namespace: mpirun, and the hosts' processes if
         their UTS records were never written (a test interrupted while the hosts started)."""
         listed = subprocess.run(["ip", "netns", "pids", self.netns], capture_output=True, text=True)
-        for pid in map(int, listed.stdout.split()):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        send_signal([int(pid) for pid in listed.stdout.split()], signal.SIGKILL)
 
     def wait_for_hosts(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
