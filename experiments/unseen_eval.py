@@ -6,7 +6,8 @@ Every run directory with a checkpoints/latest.pt under the given paths is evalua
 ``python -m her_mpi.evaluate --checkpoint ... --episodes N --seed S`` (the deterministic policy;
 test episodes during training use other seeds). The results, with each run's recipe, seed and
 env steps trained, go to experiments/results/<name>.json and .md (``--name``, default unseen_eval);
-a later call adds to or replaces rows in that file, keyed by the run's path.
+a later call adds to or replaces rows in that file, keyed by the run's path below runs/sweeps or
+experiments/parked, so a run measured before and after parking keeps one row.
 
 "Never saw" means the episodes come from a seed stream training did not use (SeedSequence(seed)
 here, SeedSequence(run seed, spawn_key=(rank, ...)) in training). Where the env is deterministic
@@ -24,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, ROOT, machine  # noqa: E402
-from park_runs import CHECKPOINT, runs_with_checkpoints  # noqa: E402  (also puts this checkout's her_mpi first)
+from park_runs import CHECKPOINT, PARKED, SWEEPS, runs_with_checkpoints  # noqa: E402  (also puts this checkout's her_mpi first)
 
 from her_mpi.plot import sweep_label  # noqa: E402
 from her_mpi.sweep import DESCRIPTION, FINISHED, last_row  # noqa: E402
@@ -59,10 +60,19 @@ def run_facts(run: Path) -> dict:
     }
 
 
+def run_key(run: str) -> str:
+    """The run's path below runs/sweeps or experiments/parked (the same for a run and its parked copy)."""
+    for home in (SWEEPS, PARKED):
+        prefix = f"{home.relative_to(ROOT)}/"
+        if run.startswith(prefix):
+            return run.removeprefix(prefix)
+    return run
+
+
 def merge_rows(path: Path, rows: list[dict], sort_key) -> list[dict]:
     """Add ``rows`` to the results file at ``path`` (replacing rows of the same run); all rows, sorted."""
-    kept = {r["run"]: r for r in json.loads(path.read_text())["runs"]} if path.is_file() else {}
-    kept.update((r["run"], r) for r in rows)
+    kept = {run_key(r["run"]): r for r in json.loads(path.read_text())["runs"]} if path.is_file() else {}
+    kept.update((run_key(r["run"]), r) for r in rows)
     merged = sorted(kept.values(), key=sort_key)
     RESULTS.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"machine": machine(), "runs": merged}, indent=2))

@@ -133,6 +133,19 @@ def test_parking_carries_a_run_without_its_replay_and_unparking_keeps_the_furthe
     assert (run / "progress.csv").read_text() == (parked / "progress.csv").read_text()
 
 
+def test_a_run_measured_again_after_parking_replaces_its_row(tmp_path):
+    unseen_eval = research_script("unseen_eval")
+    results = tmp_path / "unseen.json"
+    row = {"env_id": "FetchPush-v4", "recipe": "fetch_push_htrpo", "seed": 0}
+    unseen_eval.merge_rows(results, [{**row, "run": "runs/sweeps/push/fetch_push_htrpo/seed0", "success_rate": 0.1},
+                                     {**row, "run": "runs/sweeps/push/fetch_push_htrpo/seed1", "seed": 1}],
+                           lambda r: r["seed"])
+    rows = unseen_eval.merge_rows(results, [{**row, "run": "experiments/parked/push/fetch_push_htrpo/seed0",
+                                             "success_rate": 0.2}], lambda r: r["seed"])
+    assert [(r["seed"], r["run"].split("/")[0]) for r in rows] == [(0, "experiments"), (1, "runs")]
+    assert rows[0]["success_rate"] == 0.2
+
+
 def test_the_pacman_authors_recipe_is_the_screened_lever():
     """ms_pacman_goal_htrpo_authors's evidence is the authors_bonus10 lever's runs (experiments/tables.sh
     ms_pacman_htrpo_levers trained on to 2M): the recipe must train what that lever trains."""
