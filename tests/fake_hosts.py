@@ -101,7 +101,6 @@ class FakeCluster:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.kill_hosts()
         self.kill_namespace_processes()
         subprocess.run(["ip", "netns", "delete", self.netns], capture_output=True)
 
@@ -133,14 +132,10 @@ class FakeCluster:
     def signal_host(self, name: str, signum: int) -> list[int]:
         return send_signal(self.host_pids(name), signum)
 
-    def kill_hosts(self) -> None:
-        """SIGKILL whatever is left on every host (frozen processes included)."""
-        for name in self.names:
-            self.signal_host(name, signal.SIGKILL)
-
     def kill_namespace_processes(self) -> None:
-        """SIGKILL whatever still runs in the network namespace: mpirun, and the hosts' processes if
-        their UTS records were never written (a test interrupted while the hosts started)."""
+        """SIGKILL whatever still runs in the network namespace: mpirun and every host's daemon and
+        ranks, frozen or not, whether or not their UTS records were written (a test interrupted while
+        the hosts started). A host's processes are in it: ``host_pids`` selects by it too."""
         listed = subprocess.run(["ip", "netns", "pids", self.netns], capture_output=True, text=True)
         send_signal([int(pid) for pid in listed.stdout.split()], signal.SIGKILL)
 
