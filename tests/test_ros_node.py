@@ -123,7 +123,12 @@ def test_bad_parameters_fail_clearly(policy_file):
              ({"trigger": "sometimes"}, "trigger must be one of timer, observation, got 'sometimes'"),
              ({"rate_hz": -5.0}, "rate_hz must be > 0, got -5.0"),
              ({"input_timeout_s": 0.0}, "input_timeout_s must be > 0 seconds, got 0.0"),
-             ({"model_path": "/nonexistent/policy.onnx"}, "no policy file at '/nonexistent/policy.onnx'")]
+             ({"model_path": "/nonexistent/policy.onnx"}, "no policy file at '/nonexistent/policy.onnx'"),
+             ({"rate_hz": "fast"}, r"parameter rate_hz must be a number of Hz \(0: the policy's own\), got 'fast'"),
+             ({"input_timeout_s": True}, "parameter input_timeout_s must be a number of seconds, got True"),
+             ({"intra_op_threads": 1.5}, "parameter intra_op_threads must be an integer >= 0, got 1.5"),
+             ({"goal_topic": "bad topic!"}, "parameter goal_topic: Invalid topic name: .* 'bad topic!'"),
+             ({"diagnostics_topic": 7}, "parameter diagnostics_topic must be a topic name, got 7")]
     try:
         for params, message in cases:
             with pytest.raises((ValueError, FileNotFoundError), match=message):
@@ -298,9 +303,11 @@ def run_node_process(module, *args, seconds=3.0):
 
 
 def test_node_runs_as_a_process_with_ros_args(policy_file):
-    result = run_node_process("ros_node", "-p", f"model_path:={policy_file}")
+    # whole numbers for the float parameters, as people write them (rclpy reads them as integers)
+    result = run_node_process("ros_node", "-p", f"model_path:={policy_file}", "-p", "rate_hz:=25",
+                              "-p", "input_timeout_s:=1")
     assert result.returncode == 0, describe(result)
-    assert "policy for FetchReach-v4" in result.stderr + result.stdout
+    assert "policy for FetchReach-v4" in result.stderr + result.stdout and "25 Hz, timeout 1s" in result.stderr
 
 
 def test_managed_node_autostarts_as_a_process_and_bad_files_exit_2(policy_file, tmp_path):
@@ -310,6 +317,9 @@ def test_managed_node_autostarts_as_a_process_and_bad_files_exit_2(policy_file, 
     result = run_node_process("lifecycle_node", "-p", "autostart:=true", seconds=10.0)
     assert result.returncode == 2, describe(result)
     assert "autostart: configure failed: parameter model_path is required" in result.stderr, describe(result)
+    result = run_node_process("lifecycle_node", "-p", f"model_path:={policy_file}", "-p", "autostart:=1")
+    assert result.returncode == 2, describe(result)
+    assert "parameter autostart must be true or false, got 1" in result.stderr, describe(result)
     not_onnx = tmp_path / "policy.onnx"
     not_onnx.write_text("not a model")
     result = run_node_process("ros_node", "-p", f"model_path:={not_onnx}", seconds=10.0)

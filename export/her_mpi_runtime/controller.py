@@ -24,6 +24,8 @@ try:
     import rclpy
     import rclpy.executors
     import rclpy.parameter
+    from rclpy.exceptions import InvalidTopicNameException
+    from rclpy.validate_topic_name import validate_topic_name
     from diagnostic_msgs.msg import DiagnosticArray
     from geometry_msgs.msg import PointStamped, PoseStamped
     from rcl_interfaces.msg import ParameterDescriptor
@@ -60,14 +62,36 @@ def parameter_overrides(overrides: dict) -> list:
     return [rclpy.parameter.Parameter(name, value=value) for name, value in overrides.items()]
 
 
+def declare_untyped(node, name: str, default):
+    """Declare ``name`` without a fixed type: ``rate_hz:=25`` (an integer to rclpy) is a rate like 25.0,
+    and a value of a wrong type is reported by ``checked`` with its name, not by an rclpy traceback."""
+    return node.declare_parameter(name, default, ParameterDescriptor(dynamic_typing=True))
+
+
+def checked(name: str, value, kinds: tuple, expected: str):
+    """``value`` of parameter ``name`` when it is one of ``kinds`` (a bool is no number), else ValueError."""
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        raise ValueError(f"parameter {name} must be {expected}, got {value!r}")
+    return value
+
+
+def topic_name(name: str, value) -> str:
+    """The topic that parameter ``name`` gives, validated as rclpy would (ValueError naming it, not a traceback)."""
+    checked(name, value, (str,), "a topic name")
+    try:
+        validate_topic_name(value)
+    except InvalidTopicNameException as exc:
+        raise ValueError(f"parameter {name}: {str(exc).splitlines()[0]} {value!r}") from None
+    return value
+
+
 class PolicyControllerLogic:
     """The controller's behaviour; the class it is mixed into must derive from rclpy's Node."""
 
     def init_controller(self) -> None:
         for name, default in PARAMETERS.items():
-            self.declare_parameter(name, default)
-        # empty: zeros of the policy's action size; integers are accepted as well as floats
-        self.declare_parameter("safe_action", [], ParameterDescriptor(dynamic_typing=True))
+            declare_untyped(self, name, default)
+        declare_untyped(self, "safe_action", [])  # empty: zeros of the policy's action size
         self.policy: Policy | None = None
         self.stats = ControlStats()
         self.controller_state = "unconfigured"
@@ -79,7 +103,7 @@ class PolicyControllerLogic:
         self._action_publisher = None
         self._control_timer = None
         self._diagnostics_publisher = self.create_publisher(
-            DiagnosticArray, self.get_parameter("diagnostics_topic").value, 10)
+            DiagnosticArray, topic_name("diagnostics_topic", self.get_parameter("diagnostics_topic").value), 10)
         self.create_timer(DIAGNOSTICS_PERIOD_S, self.publish_diagnostics)
 
     # -- configure / activate / deactivate / release -------------------------------------------
@@ -88,10 +112,10 @@ class PolicyControllerLogic:
         """Load and validate the policy and the parameters, then subscribe and advertise. Raises
         ValueError / OSError naming the bad value; nothing is created when it raises."""
         param = lambda name: self.get_parameter(name).value  # noqa: E731
-        model_path = param("model_path")
+        model_path = checked("model_path", param("model_path"), (str,), "a path to an .onnx file")
         if not model_path:
             raise ValueError("parameter model_path is required (the .onnx file from python -m her_mpi.export)")
-        threads = param("intra_op_threads")
+        threads = checked("intra_op_threads", param("intra_op_threads"), (int,), "an integer >= 0")
         if threads < 0:
             raise ValueError(f"intra_op_threads must be >= 0 (0: onnxruntime's default), got {threads}")
         trigger, goal_type = param("trigger"), param("goal_type")
@@ -99,12 +123,14 @@ class PolicyControllerLogic:
             raise ValueError(f"trigger must be one of {', '.join(TRIGGERS)}, got {trigger!r}")
         if goal_type not in GOAL_TYPES:
             raise ValueError(f"goal_type must be one of {', '.join(GOAL_TYPES)}, got {goal_type!r}")
-        timeout = float(param("input_timeout_s"))
+        topics = {name: topic_name(name, param(name)) for name in ("action_topic", "observation_topic", "goal_topic")}
+        timeout = float(checked("input_timeout_s", param("input_timeout_s"), (int, float), "a number of seconds"))
         if not timeout > 0:
             raise ValueError(f"input_timeout_s must be > 0 seconds, got {timeout}")
         policy = Policy(model_path, intra_op_threads=threads)
         meta = policy.metadata
-        rate_hz = float(param("rate_hz")) or meta.rate_hz
+        rate_hz = float(checked("rate_hz", param("rate_hz"), (int, float), "a number of Hz (0: the policy's own)")) \
+            or meta.rate_hz
         if not (rate_hz > 0 and np.isfinite(rate_hz)):
             raise ValueError(f"rate_hz must be > 0, got {param('rate_hz')} "
                              f"(and the policy {model_path} stores no control period)")
@@ -118,10 +144,10 @@ class PolicyControllerLogic:
         self.stats = ControlStats()
         self.observation = self.goal = self.observation_time = self.goal_time = None
         qos = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE)
-        self._action_publisher = self.make_action_publisher(param("action_topic"), qos)
+        self._action_publisher = self.make_action_publisher(topics["action_topic"], qos)
         self._input_subscriptions = [
-            self.create_subscription(Float64MultiArray, param("observation_topic"), self.on_observation, qos),
-            self.create_subscription(GOAL_TYPES[goal_type], param("goal_topic"), self.on_goal, qos)]
+            self.create_subscription(Float64MultiArray, topics["observation_topic"], self.on_observation, qos),
+            self.create_subscription(GOAL_TYPES[goal_type], topics["goal_topic"], self.on_goal, qos)]
         self.controller_state = "inactive"
         self.get_logger().info(
             f"{meta.algo} policy for {meta.env_id} from {model_path} (sha256 {policy.sha256[:12]}): "

@@ -22,7 +22,8 @@ from __future__ import annotations
 import sys
 
 # the controller first: it says what to install when ROS 2 is missing
-from her_mpi_runtime.controller import NODE_NAME, PolicyControllerLogic, parameter_overrides, run_node
+from her_mpi_runtime.controller import (NODE_NAME, PolicyControllerLogic, checked, declare_untyped,
+                                        parameter_overrides, run_node)
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn  # noqa: I001
 from std_msgs.msg import Float64MultiArray
 
@@ -34,7 +35,7 @@ class ManagedPolicyController(PolicyControllerLogic, LifecycleNode):
         """``overrides`` set parameters directly (tests, embedding), as for ros_node.PolicyController."""
         LifecycleNode.__init__(self, NODE_NAME, context=context, parameter_overrides=parameter_overrides(overrides))
         self.init_controller()
-        self.autostart = bool(self.declare_parameter("autostart", False).value)
+        self.autostart = checked("autostart", declare_untyped(self, "autostart", False).value, (bool,), "true or false")
         self.configure_error = ""
 
     def make_action_publisher(self, topic: str, qos):
