@@ -166,11 +166,17 @@ class Trainer(HaltAgreement, ResumableState):
             with contextlib.nullcontext(signals) if signals is not None else StopSignals() as self.signals:
                 # a resume at an epoch's end may already have the budget's env steps (a run extended by epochs)
                 resumed_spent = self.progress is None and self.env_budget_spent(self.resumed_env_steps)
+                if self.resumed and not resumed_spent and self.start_epoch >= train.n_epochs and mpi.is_root():
+                    print(f"her_mpi: the run has {self.start_epoch} epochs done and train.n_epochs = {train.n_epochs}: "
+                          f"nothing to train (a larger train.n_epochs trains on)", flush=True)
                 for epoch in range(self.start_epoch, 0 if resumed_spent else train.n_epochs):
                     row = self._run_epoch(epoch)
                     # progress.csv counts epochs from 0, the console (and these stop lines) from 1
                     if self.solved(row) or self.env_budget_spent(row["env_steps"], epoch):
                         break
+                if not row and self.resumed:  # no epoch to run: the run stands where its checkpoint left it
+                    row = {"epoch": self.start_epoch - 1, "env_steps": self.resumed_env_steps,
+                           "test_success_rate": self.last_test_success}
         finally:
             if self.logger is not None:
                 self.logger.close()

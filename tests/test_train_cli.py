@@ -3,6 +3,7 @@
 import csv
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -109,6 +110,19 @@ def test_resume_continues_at_the_next_epoch(finished_run):
     assert int(rows[2]["env_steps"]) > int(rows[1]["env_steps"])
     assert int(rows[2]["updates"]) == int(rows[1]["updates"]) + 2 * 3  # counters carried over
     assert float(rows[2]["time_s"]) > float(rows[1]["time_s"])
+
+
+def test_resuming_a_run_with_no_epochs_left_keeps_its_record(finished_run, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run[0], run_dir)
+    before, progress = json.loads((run_dir / "status.json").read_text()), read_progress(run_dir)
+    result = run_python(["-m", "her_mpi.train", "--resume", run_dir, "--set", "train.n_epochs=1"])
+    assert result.returncode == 0, describe(result)
+    assert f"the run has {len(progress)} epochs done and train.n_epochs = 1: nothing to train" in result.stdout
+    after = json.loads((run_dir / "status.json").read_text())
+    assert after["state"] == "finished" and read_progress(run_dir) == progress
+    assert {k: after[k] for k in ("epoch", "env_steps", "test_success_rate")} == \
+        {k: before[k] for k in ("epoch", "env_steps", "test_success_rate")}
 
 
 @pytest.mark.parametrize("algo, extra", [("td3", []), ("sac", []), ("td3", ["--set", "algo.optimizer=kfac"])])
