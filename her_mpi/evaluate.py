@@ -90,6 +90,10 @@ def main(argv=None) -> int:
             args.episodes = 5 if args.video else 100
         if args.episodes < 1:
             raise ConfigError(f"--episodes must be >= 1, got {args.episodes}")
+        if args.seed < 0:
+            raise ConfigError(f"--seed must be >= 0 (a numpy SeedSequence entropy), got {args.seed}")
+        if args.parallel_envs < 1:
+            raise ConfigError(f"--parallel-envs must be >= 1, got {args.parallel_envs}")
         if args.video:
             fmt = video_format(args.video)  # every check that needs no rendering, before any
             check_frame_size(args.width, args.height, fmt, "--width/--height")

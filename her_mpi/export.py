@@ -208,8 +208,13 @@ def main(argv=None) -> int:
                         help="their env seed (default 1000: no training run's seed, so the episodes are unseen)")
     parser.add_argument("--recipe", help="how the policy was trained, for the card (default: from the run directory)")
     args = parser.parse_args(argv)
-    if args.card_episodes < 1:
-        print(f"her_mpi.export: error: --card-episodes {args.card_episodes}: expected an integer >= 1", file=sys.stderr)
+    problems = [f"--card-episodes {args.card_episodes}: expected an integer >= 1"] if args.card_episodes < 1 else []
+    if args.card_seed < 0:
+        problems.append(f"--card-seed {args.card_seed}: expected an integer >= 0 (a numpy SeedSequence entropy)")
+    if Path(args.output).is_dir():
+        problems.append(f"--output {args.output!r} is a directory: expected the .onnx file to write")
+    if problems:
+        print(f"her_mpi.export: error: {'; '.join(problems)}", file=sys.stderr)
         return 2
 
     try:

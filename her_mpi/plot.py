@@ -97,14 +97,14 @@ class Recipe:
 
 
 def find_runs(paths: list[Path]) -> list[Run]:
+    """The runs under ``paths`` that have finished an epoch; ValueError for a path that holds no run."""
     runs = []
     for path in paths:
         if not path.exists():
-            raise SystemExit(f"her_mpi.plot: {str(path)!r} does not exist")
+            raise ValueError(f"{str(path)!r} does not exist")
         found = [path] if (path / "progress.csv").is_file() else sorted(p.parent for p in path.rglob("progress.csv"))
         if not found:
-            raise SystemExit(f"her_mpi.plot: no runs under {str(path)!r} (expected run directories "
-                             f"with a progress.csv)")
+            raise ValueError(f"no runs under {str(path)!r} (expected run directories with a progress.csv)")
         for run_dir in found:
             rows = read_progress(run_dir)
             if not rows:
@@ -371,7 +371,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m her_mpi.plot", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paths", nargs="+", type=Path, help="run directories or directories holding runs")
-    parser.add_argument("--output", "-o", type=Path, default=Path("success.png"), help="PNG file to write")
+    parser.add_argument("--output", "-o", type=Path, default=Path("success.png"),
+                        help="image to write (default success.png; .svg, .pdf and others too)")
     parser.add_argument("--table", type=Path, metavar="PREFIX", help="also write PREFIX.md and PREFIX.json")
     parser.add_argument("--title", default="Test success rate")
     parser.add_argument("--at", type=parse_env_steps, action="append", default=[], metavar="STEPS",
@@ -383,19 +384,28 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.reps < 100:
         parser.error(f"--reps {args.reps}: expected at least 100 bootstrap replications")
+    from matplotlib.backend_bases import FigureCanvasBase
 
-    runs = find_runs(args.paths)
-    if not runs:
-        raise SystemExit("her_mpi.plot: no run has finished an epoch yet")
+    formats = FigureCanvasBase.get_supported_filetypes()  # what savefig can write
+    if args.output.is_dir() or args.output.suffix.lstrip(".").lower() not in formats:
+        parser.error(f"--output {str(args.output)!r}: expected an image file name ending in one of "
+                     f"{', '.join('.' + f for f in sorted(formats))}")
+    try:
+        runs = find_runs(args.paths)
+        if not runs:
+            raise ValueError(f"no run under {', '.join(map(str, args.paths))} has finished an epoch yet "
+                             f"(its progress.csv has no rows)")
+        for folder in {args.output.parent, *([args.table.parent] if args.table else [])}:
+            folder.mkdir(parents=True, exist_ok=True)  # before anything is written
+    except (ValueError, OSError) as exc:
+        parser.error(str(exc))
     recipes = group(runs)
     summaries = [summarise(recipe, args.reps, tuple(args.at), args.spans) for recipe in recipes]
-    args.output.parent.mkdir(parents=True, exist_ok=True)
     plot(recipes, summaries, args.output, args.title)
     print(f"wrote {args.output}")
     table = markdown_table(summaries) + span_table(summaries)
     print(table, end="")
     if args.table:
-        args.table.parent.mkdir(parents=True, exist_ok=True)
         markdown, data = Path(f"{args.table}.md"), Path(f"{args.table}.json")
         markdown.write_text(table)
         data.write_text(json.dumps({"recipes": [runs_relative_to(s, data.parent) for s in summaries]}, indent=1))

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
+import math
 import os
 import random
 import signal
@@ -92,16 +93,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     problems = []
     if args.episodes < 1:
         problems.append(f"--episodes {args.episodes}: expected an integer >= 1")
+    if args.seed < 0:
+        problems.append(f"--seed {args.seed}: expected an integer >= 0")
     for name in ("latency_ms", "jitter_ms", "stop_inputs_s"):
-        if not getattr(args, name) >= 0:
-            problems.append(f"--{name.replace('_', '-')} {getattr(args, name)}: expected a number >= 0")
+        if not 0 <= getattr(args, name) < math.inf:
+            problems.append(f"--{name.replace('_', '-')} {getattr(args, name)}: expected a finite number >= 0")
     if args.jitter_ms > args.latency_ms:
         problems.append(f"--jitter-ms {args.jitter_ms} is more than --latency-ms {args.latency_ms}: a message "
                         "cannot arrive before it was sent")
     if not 0 <= args.drop < 1:
         problems.append(f"--drop {args.drop}: expected a probability in [0, 1)")
-    if not args.input_timeout_s > 0:
-        problems.append(f"--input-timeout-s {args.input_timeout_s}: expected a number > 0")
+    if not 0 < args.input_timeout_s < math.inf:
+        problems.append(f"--input-timeout-s {args.input_timeout_s}: expected a finite number > 0")
     if args.domain_id is not None and not 0 <= args.domain_id <= 232:
         problems.append(f"--domain-id {args.domain_id}: expected a ROS_DOMAIN_ID in 0-232")
     if problems:

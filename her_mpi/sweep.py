@@ -110,8 +110,10 @@ def parse_seeds(text: str) -> list[int]:
 
 def plan(recipes: list[str], seeds: list[int], n_ranks: int, overrides: list[str], out: Path) -> list[Run]:
     """Every (recipe, seed) run, each config resolved now so bad input fails before any job starts."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} is a file: expected the directory the runs go to")
     runs, names = [], {}
-    for recipe in recipes:
+    for recipe in dict.fromkeys(recipes):  # a recipe given twice is one set of runs
         name = resolve_recipe(recipe).stem
         if names.setdefault(name, recipe) != recipe:
             raise ConfigError(f"--config {recipe!r} and --config {names[name]!r} would share the run "

@@ -107,6 +107,8 @@ def resolve(args: argparse.Namespace, stamp: str | None = None) -> tuple[Config,
     config = load_config(args.config, args.overrides)
     if args.run_dir:
         run_dir = Path(args.run_dir)
+        if run_dir.exists() and not run_dir.is_dir():
+            raise ConfigError(f"--run-dir {str(run_dir)!r} is a file: expected a directory (new, or empty)")
         if (run_dir / "checkpoints" / "latest.pt").exists():
             raise ConfigError(f"--run-dir {str(run_dir)!r} already holds a run; use --resume "
                               f"{run_dir} to continue it or choose another directory")

@@ -168,6 +168,24 @@ def test_evaluating_on_an_env_of_other_sizes_fails_clearly(exported):
         describe(result)
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--seed", "-1"], "--seed must be >= 0"), (["--parallel-envs", "0"], "--parallel-envs must be >= 1")])
+def test_evaluate_names_a_bad_number(exported, args, message):
+    result = run_python(["-m", "her_mpi.evaluate", "--policy", exported["onnx"], *args])
+    assert result.returncode == 2 and message in result.stderr, describe(result)
+
+
+def test_export_checks_its_arguments_before_it_writes(exported, tmp_path):
+    kept = tmp_path / "kept.onnx"
+    kept.write_bytes(b"an earlier export")
+    result = run_python(["-m", "her_mpi.export", "--checkpoint", exported["checkpoint"], "--output", kept,
+                         "--card", "--card-seed", "-1"])
+    assert result.returncode == 2 and "--card-seed -1: expected an integer >= 0" in result.stderr, describe(result)
+    assert kept.read_bytes() == b"an earlier export"
+    result = run_python(["-m", "her_mpi.export", "--checkpoint", exported["checkpoint"], "--output", tmp_path])
+    assert result.returncode == 2 and "is a directory: expected the .onnx file" in result.stderr, describe(result)
+
+
 def test_export_of_a_missing_checkpoint_fails_clearly(tmp_path):
     result = run_python(["-m", "her_mpi.export", "--checkpoint", tmp_path / "nope.pt", "--output", tmp_path / "p.onnx"])
     assert result.returncode == 2 and "no checkpoint" in result.stderr, describe(result)

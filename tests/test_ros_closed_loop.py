@@ -80,6 +80,8 @@ def test_a_link_delays_reorders_within_its_jitter_and_drops():
     (["--drop", "1"], "--drop 1.0"),
     (["--latency-ms", "5", "--jitter-ms", "10"], "cannot arrive before it was sent"),
     (["--episodes", "0"], "--episodes 0"),
+    (["--seed", "-1"], "--seed -1: expected an integer >= 0"),
+    (["--stop-inputs-s", "inf"], "--stop-inputs-s inf: expected a finite number >= 0"),
 ])
 def test_bad_input_is_named(args, message):
     result = subprocess.run([sys.executable, "-m", "her_mpi.ros_sim", "--policy", POLICY, *args],

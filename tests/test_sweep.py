@@ -219,6 +219,16 @@ def test_sweep_rejects_bad_input_before_anything_starts(tmp_path, args, message)
     assert not (tmp_path / "out").exists()
 
 
+def test_sweep_refuses_a_file_as_its_output_and_plans_a_repeated_recipe_once(tmp_path):
+    (tmp_path / "out").write_text("kept")
+    result = sweep(tmp_path / "out", "--config", "fetch_push_td3")
+    assert result.returncode == 2 and "is a file: expected the directory the runs go to" in result.stderr
+    assert (tmp_path / "out").read_text() == "kept"
+    result = sweep(tmp_path / "runs", "--config", "bitflip_8_htrpo", "--config", "bitflip_8_htrpo", "--seeds", "0",
+                   "--dry-run")
+    assert result.returncode == 0 and len(result.stdout.splitlines()) == 1, result.stdout
+
+
 # -- aggregation -------------------------------------------------------------------------------
 
 
@@ -422,6 +432,22 @@ def test_plot_names_bad_span_edges(tmp_path):
     with pytest.raises(SystemExit) as exit:
         plot.main([str(tmp_path), "-o", str(tmp_path / "c.png"), "--spans", "500k,250k"])
     assert exit.value.code == 2 and not (tmp_path / "c.png").exists()
+
+
+def test_plot_refuses_bad_paths_before_it_writes_anything(tmp_path, capsys):
+    fake_run(tmp_path / "seed0", 0, [0.2, 0.4])
+    kept = tmp_path / "kept.png"
+    kept.write_bytes(b"an earlier plot")
+    (tmp_path / "a_file").write_text("")
+    cases = [([str(tmp_path / "nope")], "'" + str(tmp_path / "nope") + "' does not exist"),
+             ([str(tmp_path), "-o", str(tmp_path / "c.txt")], "expected an image file name ending in one of"),
+             ([str(tmp_path), "-o", str(tmp_path / "seed0")], "expected an image file name"),
+             ([str(tmp_path), "-o", str(kept), "--table", str(tmp_path / "a_file" / "table")], "a_file")]
+    for args, message in cases:
+        with pytest.raises(SystemExit) as exit:
+            plot.main(args)
+        assert exit.value.code == 2 and message in capsys.readouterr().err, args
+    assert kept.read_bytes() == b"an earlier plot" and not (tmp_path / "c.txt").exists()
 
 
 @pytest.mark.parametrize("text", ["500k,250k", "250k,250k", "250k,x"])

@@ -248,9 +248,12 @@ def test_replay_memory_smaller_than_a_cycle(tmp_path):
                "expected replay.size >= 100")
 
 
-def test_refuses_to_overwrite_an_existing_run(finished_run):
+def test_refuses_to_overwrite_an_existing_run(finished_run, tmp_path):
     run_dir, _ = finished_run
     fails_with(["--run-dir", run_dir], "already holds a run", "--resume")
+    (tmp_path / "notes.txt").write_text("kept")
+    fails_with(["--run-dir", tmp_path / "notes.txt"], "is a file: expected a directory")
+    assert (tmp_path / "notes.txt").read_text() == "kept"
 
 
 def test_error_without_mpirun_exits_2(tmp_path):
