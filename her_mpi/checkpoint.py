@@ -77,11 +77,26 @@ def checkpoint_file(path: str | Path) -> Path:
     return path
 
 
+def not_a_checkpoint(path: Path) -> str | None:
+    """Why the file at ``path`` cannot be a checkpoint, from its first bytes (None: it may be one)."""
+    with path.open("rb") as f:
+        head = f.read(4)
+    if head.startswith(b"PK\x03\x04") or head[:1] == b"\x80":  # torch's zip archive, or a legacy pickle
+        return None
+    if not head:
+        return "the file is empty"
+    if path.suffix == ".onnx":
+        return "it is an exported ONNX policy, not a training checkpoint (her_mpi.evaluate takes it with --policy)"
+    return "it is not a file torch.save wrote (a checkpoint is a zip archive)"
+
+
 def load_checkpoint(path: str | Path) -> dict:
     path = checkpoint_file(path)
     if not path.is_file():
         raise ConfigError(f"no checkpoint at {str(path)!r} (expected a file written by "
                           f"her_mpi.train, e.g. RUN_DIR/checkpoints/latest.pt)")
+    if (problem := not_a_checkpoint(path)) is not None:
+        raise ConfigError(f"{str(path)!r} is not a her_mpi checkpoint: {problem}")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:  # weights_only refused something other than plain data

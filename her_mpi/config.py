@@ -93,6 +93,8 @@ def resolve_recipe(name_or_path: str | Path | None) -> Path:
     if path.is_file():
         return path
     text = str(name_or_path)
+    if path.is_dir():
+        raise ConfigError(f"config {text!r} is a directory: expected a recipe file (.yaml) or a packaged recipe name")
     stem = path.stem if path.suffix in (".yaml", ".yml") else path.name
     if stem in recipe_names() and (text == stem or path.parent.name == "configs"):
         return RECIPES_DIR / f"{stem}.yaml"

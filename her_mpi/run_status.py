@@ -120,8 +120,10 @@ def verdict(run_dir: str | Path, launcher_status: int | None, started_after: flo
     """What happened to the job that trained ``run_dir`` and ended with ``launcher_status``.
 
     ``started_after`` (a time.time()): a record older than this belongs to an earlier job of the same
-    run directory and is not this job's word (the job then failed before it wrote one)."""
-    record = read(run_dir, started_after)
+    run directory and is not this job's word (the job then failed before it wrote one). Exit 2 is bad
+    input, which her_mpi.train reports before it writes any record: a record then is an earlier job's,
+    however recent (one written within the timestamps' slack of this job's start)."""
+    record = None if launcher_status == EXIT_BAD_INPUT else read(run_dir, started_after)
     if record is None:
         if launcher_status == EXIT_BAD_INPUT:
             return Verdict("bad_input", EXIT_BAD_INPUT, "bad input: nothing was trained (see the error above)")

@@ -58,6 +58,16 @@ def test_checkpoints_of_another_format_are_a_clear_error(tmp_path):
         load_checkpoint(not_ours)
 
 
+def test_files_that_are_no_checkpoint_say_what_they_are(tmp_path):
+    (tmp_path / "empty.pt").write_bytes(b"")
+    (tmp_path / "notes.pt").write_text("hello")
+    (tmp_path / "policy.onnx").write_bytes(b"\x08\x09\x12\x07pytorch")  # an ONNX protobuf's first bytes
+    for name, message in [("empty.pt", "the file is empty"), ("notes.pt", "it is not a file torch.save wrote"),
+                          ("policy.onnx", "it is an exported ONNX policy, not a training checkpoint .* --policy")]:
+        with pytest.raises(ConfigError, match=f"'{tmp_path / name}' is not a her_mpi checkpoint: {message}"):
+            load_checkpoint(tmp_path / name)
+
+
 def test_saved_state_round_trips_through_the_safe_loader(tmp_path):
     rng = np.random.default_rng(3)
     state = {"rng": rng.bit_generator.state, "torch": torch.Generator().get_state(), "total": np.arange(4.0),

@@ -138,6 +138,7 @@ def test_unknown_algorithm_lists_known_ones():
 def test_missing_file_suggests_a_recipe(tmp_path):
     message = error_of(path=ROOT / "configs" / "fetch_psh_ddpg.yaml")
     assert "does not exist" in message and "fetch_push_ddpg" in message
+    assert "is a directory: expected a recipe file (.yaml)" in error_of(path=tmp_path)
 
 
 def test_malformed_override():

@@ -132,6 +132,11 @@ def test_runtime_rejects_bad_input_clearly(exported):
             policy.act(obs, goal)
     with pytest.raises(FileNotFoundError, match="no policy file"):
         Policy(exported["root"] / "missing.onnx")
+    with pytest.raises(TypeError, match="path must be an .onnx file path or 'zoo:NAME', got None"):
+        Policy(None)
+    for threads in ("abc", -1, 1.5, True):
+        with pytest.raises(ValueError, match=f"intra_op_threads must be an integer >= 0 .*, got {threads!r}"):
+            Policy(exported["onnx"], intra_op_threads=threads)
 
 
 def test_runtime_never_imports_torch_mpi_or_mujoco(exported):

@@ -48,6 +48,9 @@ def test_a_record_older_than_the_job_is_not_its_word(tmp_path):
     os.utime(run_status.record_path(tmp_path), (time.time() - 60, time.time() - 60))
     # this job failed on bad input before writing a record: not "stopped" (a requeue would loop)
     assert run_status.verdict(tmp_path, 2, started_after=time.time()).state == "bad_input"
+    # however recent the earlier record: bad input writes none
+    run_status.write(tmp_path, "finished", "an earlier job, a moment ago")
+    assert run_status.verdict(tmp_path, 2, started_after=time.time()).state == "bad_input"
 
 
 def test_an_unknown_state_is_refused(tmp_path):

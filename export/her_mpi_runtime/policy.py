@@ -75,7 +75,14 @@ class Policy:
 
     def __init__(self, path: str | Path, intra_op_threads: int = 1):
         """``path``: an .onnx file from ``python -m her_mpi.export``, or ``zoo:NAME`` for a policy that
-        ships with this package (``python -m her_mpi_runtime.zoo`` lists them)."""
+        ships with this package (``python -m her_mpi_runtime.zoo`` lists them); ``intra_op_threads``:
+        onnxruntime's threads for one call (0: its default)."""
+        if not isinstance(path, (str, Path)):
+            raise TypeError(f"path must be an .onnx file path or 'zoo:NAME', got {path!r}")
+        if isinstance(intra_op_threads, bool) or not isinstance(intra_op_threads, (int, np.integer)) \
+                or intra_op_threads < 0:
+            raise ValueError(f"intra_op_threads must be an integer >= 0 (0: onnxruntime's default), "
+                             f"got {intra_op_threads!r}")
         path = resolve(path)
         if not path.is_file():
             raise FileNotFoundError(f"no policy file at {str(path)!r}")
@@ -84,7 +91,7 @@ class Policy:
         model_bytes = path.read_bytes()
         self.sha256 = hashlib.sha256(model_bytes).hexdigest()
         options = ort.SessionOptions()
-        options.intra_op_num_threads = intra_op_threads  # one thread: lowest latency at batch 1
+        options.intra_op_num_threads = int(intra_op_threads)  # one thread: lowest latency at batch 1
         options.inter_op_num_threads = 1
         try:
             self.session = ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
