@@ -81,13 +81,14 @@ def test_works_with_more_ranks_than_cores(tmp_path):
 
 
 def test_a_crash_on_one_rank_stops_the_whole_job(tmp_path):
-    # A long run (50 epochs): if the crash left rank 0 waiting in a collective, the
-    # subprocess timeout would fire instead of a prompt non-zero exit.
+    # A long run (50 epochs): if the crash left rank 0 waiting in a collective, the subprocess
+    # timeout (well below the 600 s hang watchdog) would fire instead of a non-zero exit.
     result = run_mpi(2, [PROGRAMS / "inject_fault.py", "--run-dir", tmp_path / "run",
                          "--set", "train.n_epochs=50"], timeout=300)
     assert result.returncode != 0, describe(result)
     assert "injected fault on rank 1" in result.stderr and "[her_mpi rank 1/2]" in result.stderr
-    assert result.elapsed < 120, f"took {result.elapsed:.0f}s to stop"
+    # it ended in the epoch it crashed in
+    assert not any(line.startswith("epoch ") for line in result.stdout.splitlines()), describe(result)
 
 
 def test_kfac_factors_are_part_of_the_identity_check(tmp_path):
