@@ -117,6 +117,7 @@ def test_export_command_writes_and_verifies_an_image_policy(tmp_path):
     checkpoint = tmp_path / "latest.pt"
     save_checkpoint(checkpoint, state)
     assert export_main(["--checkpoint", str(checkpoint), "--output", str(tmp_path / "p.onnx")]) == 0
+    assert (tmp_path / "p.onnx").stat().st_size > 0
 
 
 def pacman_episodes(agent, n_episodes=4):
@@ -146,7 +147,7 @@ def test_htrpo_normalizer_updates_preserve_the_cnn_policy_and_value():
     torch.testing.assert_close(after[1], before[1], rtol=1e-4, atol=1e-5)
 
 
-def test_htrpo_learns_from_ms_pacman_episodes():
+def test_htrpo_takes_an_improving_step_on_ms_pacman_episodes():
     config = load_config(None, ["algo=htrpo", "env.id=MsPacmanGoal-v0", "algo.hidden=[32, 32, 32]",
                                 "algo.activation=relu", "algo.n_goals=4"])
     agent = build_agent(config, PACMAN, make_env(config.env, seed=0), np.random.SeedSequence(0))
@@ -156,6 +157,7 @@ def test_htrpo_learns_from_ms_pacman_episodes():
     params_after = torch.cat([p.detach().flatten() for p in agent.policy_net.parameters()])
     assert all(np.isfinite(float(v)) for v in metrics.values())
     assert not torch.equal(params_before, params_after)  # the trust-region step moved the policy
+    assert metrics["surrogate_improvement"] > 0 and metrics["line_search_step"] >= 1  # an accepted, improving step
 
 
 def test_rows_sharing_frames_compute_what_dense_rows_do():

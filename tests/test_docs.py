@@ -30,7 +30,7 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path):
     assert "her_mpi.run_status.verdict" in (site / "reference" / "index.html").read_text()
 
 
-@pytest.mark.parametrize("readme", ["README.md", "experiments/README.md", "launch/hostfile.example"])
+@pytest.mark.parametrize("readme", ["README.md", "experiments/README.md"])
 def test_a_readmes_links_point_at_files_that_exist(readme):
     path = ROOT / readme
     missing = [target for target, _ in LINK.findall(path.read_text())

@@ -71,7 +71,7 @@ def test_other_algorithms_stay_identical(tmp_path, algo, allreduces, recipe):
 
 def test_works_without_mpirun(tmp_path):
     result = contract_result(run_python([PROGRAMS / "mpi_contract.py", tmp_path]))
-    assert result["size"] == 1 and result["identical_after_training"]
+    assert result["size"] == 1 and result["env_steps"] == result["env_steps_per_rank"] > 0
 
 
 def test_works_with_more_ranks_than_cores(tmp_path):

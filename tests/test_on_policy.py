@@ -321,7 +321,7 @@ def test_entropy_bonus_adds_each_rows_weighted_entropy_to_the_objective(algo, we
 
 
 def test_entropy_weighting_without_an_entropy_bonus_is_refused():
-    with pytest.raises(Exception, match="entropy_weighting"):
+    with pytest.raises(ConfigError, match="entropy_weighting"):
         predator_prey_agent("htrpo", "algo.entropy_weighting=uniform")
 
 

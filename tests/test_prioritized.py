@@ -48,8 +48,10 @@ def test_bad_priorities_are_rejected():
     tree = SumTree(4)
     with pytest.raises(ValueError, match="finite and >= 0"):
         tree.update([0], [-1.0])
-    with pytest.raises(IndexError):
+    with pytest.raises(IndexError, match=r"out of range \[0, 4\)"):
         tree.update([4], [1.0])
+    with pytest.raises(IndexError, match=r"out of range \[0, 5\)"):  # a leaf the tree has room for, past capacity
+        SumTree(5).update([5], [1.0])
     with pytest.raises(ValueError, match="all zero"):
         tree.sample(3, np.random.default_rng(0))
 

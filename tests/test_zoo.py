@@ -29,11 +29,11 @@ def test_a_zoo_policy_is_its_card_and_succeeds_as_it_says(name):
                             capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     successes = round(json.loads(result.stdout)["success_rate"] * EPISODES)
-    # fewer (more) would happen with probability < 0.001 at the low (high) end of the card's interval:
-    # a policy that got worse, or a card that undersells it, fails
-    low, high = card["success_interval_95"]
-    floor, ceiling = stats.binom.ppf(0.001, EPISODES, low), stats.binom.isf(0.001, EPISODES, high)
-    assert floor <= successes <= ceiling, f"{successes}/{EPISODES} successes; the card says {card['success_rate']:.3f}"
+    # fewer would happen with probability < 0.001 at the low end of the card's interval: a policy that
+    # got worse fails (20 episodes cannot show a card that undersells a policy: its cards are near 1)
+    low, _ = card["success_interval_95"]
+    floor = stats.binom.ppf(0.001, EPISODES, low)
+    assert successes >= floor, f"{successes}/{EPISODES} successes; the card says {card['success_rate']:.3f}"
 
 
 def test_the_zoo_lists_itself():
