@@ -156,7 +156,10 @@ def main() -> int:
     for directory in args.beside:
         if not directory.is_dir():
             parser.error(f"--with directory {str(directory)!r} does not exist")
-    summary = summarise(find_runs([destination, *args.beside]))
+    try:
+        summary = summarise(find_runs([destination, *args.beside]))
+    except ValueError as exc:  # a --with directory that holds no runs
+        parser.error(str(exc))
     algorithms = [a for a in LABELS if any(a in r["algorithms"] for r in summary["conditions"])]
     table = markdown(summary, algorithms)
     print(table, end="")

@@ -93,11 +93,11 @@ def resolve_recipe(name_or_path: str | Path | None) -> Path:
     if path.is_file():
         return path
     text = str(name_or_path)
-    if path.is_dir():
-        raise ConfigError(f"config {text!r} is a directory: expected a recipe file (.yaml) or a packaged recipe name")
     stem = path.stem if path.suffix in (".yaml", ".yml") else path.name
     if stem in recipe_names() and (text == stem or path.parent.name == "configs"):
-        return RECIPES_DIR / f"{stem}.yaml"
+        return RECIPES_DIR / f"{stem}.yaml"  # even beside a folder of that name (a sweep's output)
+    if path.is_dir():
+        raise ConfigError(f"config {text!r} is a directory: expected a recipe file (.yaml) or a packaged recipe name")
     close = difflib.get_close_matches(stem, recipe_names(), n=3)
     hint = f"; did you mean {', '.join(close)}?" if close else \
         " (python -m her_mpi.train --list-recipes lists the packaged recipes)"

@@ -387,6 +387,8 @@ def main(argv=None) -> int:
     from matplotlib.backend_bases import FigureCanvasBase
 
     formats = FigureCanvasBase.get_supported_filetypes()  # what savefig can write
+    if not args.output.suffix and not args.output.is_dir():
+        args.output = args.output.with_suffix(".png")  # as savefig would name it
     if args.output.is_dir() or args.output.suffix.lstrip(".").lower() not in formats:
         parser.error(f"--output {str(args.output)!r}: expected an image file name ending in one of "
                      f"{', '.join('.' + f for f in sorted(formats))}")
@@ -395,10 +397,14 @@ def main(argv=None) -> int:
         if not runs:
             raise ValueError(f"no run under {', '.join(map(str, args.paths))} has finished an epoch yet "
                              f"(its progress.csv has no rows)")
-        for folder in {args.output.parent, *([args.table.parent] if args.table else [])}:
-            folder.mkdir(parents=True, exist_ok=True)  # before anything is written
-    except (ValueError, OSError) as exc:
+    except ValueError as exc:
         parser.error(str(exc))
+    for flag, folder in (("--output", args.output.parent), ("--table", args.table.parent if args.table else None)):
+        try:
+            if folder is not None:
+                folder.mkdir(parents=True, exist_ok=True)  # before anything is written
+        except OSError as exc:
+            parser.error(f"{flag}: cannot make its folder {str(folder)!r} ({exc.strerror}; is a part of it a file?)")
     recipes = group(runs)
     summaries = [summarise(recipe, args.reps, tuple(args.at), args.spans) for recipe in recipes]
     plot(recipes, summaries, args.output, args.title)

@@ -108,7 +108,7 @@ def resolve(args: argparse.Namespace, stamp: str | None = None) -> tuple[Config,
     if args.run_dir:
         run_dir = Path(args.run_dir)
         if run_dir.exists() and not run_dir.is_dir():
-            raise ConfigError(f"--run-dir {str(run_dir)!r} is a file: expected a directory (new, or empty)")
+            raise ConfigError(f"--run-dir {str(run_dir)!r} is a file: expected a directory")
         if (run_dir / "checkpoints" / "latest.pt").exists():
             raise ConfigError(f"--run-dir {str(run_dir)!r} already holds a run; use --resume "
                               f"{run_dir} to continue it or choose another directory")

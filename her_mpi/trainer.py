@@ -31,7 +31,7 @@ from her_mpi.algos.base import Agent
 from her_mpi.checkpoint import ReplayStore, check_compatible, replay_dir
 from her_mpi.config import Config, config_from_dict
 from her_mpi.envs import EnvSpec, goal_functions
-from her_mpi.logger import RunLogger, progress_line
+from her_mpi.logger import RunLogger, progress_line, read_progress
 from her_mpi.optim import NonFiniteValue
 from her_mpi.rollout import Episodes, RolloutWorker
 from her_mpi.halts import CheckpointFailed, HaltAgreement, NonFiniteError, Preempted, TrainingHalted  # noqa: F401
@@ -174,15 +174,26 @@ class Trainer(HaltAgreement, ResumableState):
                     # progress.csv counts epochs from 0, the console (and these stop lines) from 1
                     if self.solved(row) or self.env_budget_spent(row["env_steps"], epoch):
                         break
-                if not row and self.resumed:  # no epoch to run: the run stands where its checkpoint left it
-                    row = {"epoch": self.start_epoch - 1, "env_steps": self.resumed_env_steps,
-                           "test_success_rate": self.last_test_success}
+                if not row and self.resumed:  # no epoch to run: the run stands at its last finished epoch
+                    row = self.last_finished_row()
         finally:
             if self.logger is not None:
                 self.logger.close()
             if self.video is not None:
                 self.video.close()
         return row
+
+    def last_finished_row(self) -> dict:
+        """The last epoch's row as progress.csv has it (a mid-epoch checkpoint's step count includes steps
+        of the unfinished epoch), else as the checkpoint says."""
+        rows = [r for r in read_progress(self.run_dir) if int(r["epoch"]) < self.start_epoch]
+        if not rows:
+            return {"epoch": self.start_epoch - 1, "env_steps": self.resumed_env_steps,
+                    "test_success_rate": self.last_test_success}
+        last = rows[-1]
+        success = last.get("test_success_rate")
+        return {"epoch": int(last["epoch"]), "env_steps": int(float(last["env_steps"])),
+                "test_success_rate": float(success) if success else None}
 
     def solved(self, row: dict) -> bool:
         """Whether the epoch's test success (the same on every rank) reached ``train.stop_success``."""

@@ -12,7 +12,7 @@ import yaml
 
 from her_mpi import registry
 from her_mpi.config import (SECTIONS, Config, ConfigError, UnusedSettingWarning, config_from_dict, load_config,
-                            section_keys)
+                            resolve_recipe, section_keys)
 from her_mpi.envs import env_spec, make_env
 from her_mpi.optim.kfac import KFACParams
 from her_mpi.trainer import build_agent
@@ -135,10 +135,13 @@ def test_unknown_algorithm_lists_known_ones():
     assert "ddpg" in message and "did you mean 'ddpg'" in message
 
 
-def test_missing_file_suggests_a_recipe(tmp_path):
+def test_missing_file_suggests_a_recipe(tmp_path, monkeypatch):
     message = error_of(path=ROOT / "configs" / "fetch_psh_ddpg.yaml")
     assert "does not exist" in message and "fetch_push_ddpg" in message
     assert "is a directory: expected a recipe file (.yaml)" in error_of(path=tmp_path)
+    (tmp_path / "fetch_push_ddpg").mkdir()  # a sweep's output folder, named after the recipe
+    monkeypatch.chdir(tmp_path)
+    assert resolve_recipe("fetch_push_ddpg").name == "fetch_push_ddpg.yaml"
 
 
 def test_malformed_override():

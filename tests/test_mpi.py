@@ -87,8 +87,6 @@ def test_a_crash_on_one_rank_stops_the_whole_job(tmp_path):
                          "--set", "train.n_epochs=50"], timeout=300)
     assert result.returncode != 0, describe(result)
     assert "injected fault on rank 1" in result.stderr and "[her_mpi rank 1/2]" in result.stderr
-    # it ended in the epoch it crashed in
-    assert not any(line.startswith("epoch ") for line in result.stdout.splitlines()), describe(result)
 
 
 def test_kfac_factors_are_part_of_the_identity_check(tmp_path):

@@ -130,11 +130,19 @@ def test_bad_parameters_fail_clearly(policy_file):
              ({"input_timeout_s": True}, "parameter input_timeout_s must be a number of seconds, got True"),
              ({"intra_op_threads": 1.5}, "parameter intra_op_threads must be an integer >= 0, got 1.5"),
              ({"goal_topic": "bad topic!"}, "parameter goal_topic: Invalid topic name: .* 'bad topic!'"),
-             ({"diagnostics_topic": 7}, "parameter diagnostics_topic must be a topic name, got 7")]
+             ({"diagnostics_topic": 7}, "parameter diagnostics_topic must be a topic name, got 7"),
+             ({"goal_type": ["point"]}, r"parameter goal_type must be one of array, point, pose, got \['point'\]")]
     try:
         for params, message in cases:
             with pytest.raises((ValueError, FileNotFoundError), match=message):
                 PolicyController(context=context, **{"model_path": str(policy_file), **params})
+        # a running node refuses a later set of the wrong kind, as rclpy refused typed parameters
+        node = PolicyController(context=context, model_path=str(policy_file))
+        refused, accepted = node.set_parameters([rclpy.parameter.Parameter("rate_hz", value="fast"),
+                                                 rclpy.parameter.Parameter("rate_hz", value=30)])
+        assert not refused.successful and "parameter rate_hz must be a number of Hz" in refused.reason
+        assert accepted.successful and node.get_parameter("rate_hz").value == 30
+        node.destroy_node()
     finally:
         rclpy.shutdown(context=context)
 

@@ -23,15 +23,21 @@ def job(tmp_path):
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
 
-    def run(verdict: int, **env) -> tuple[int, str, int]:
-        """One start of the job ending with ``verdict``: its exit status, its log, requeues so far."""
+    requeues = tmp_path / "requeues"
+
+    def requeued() -> int:
+        return len(requeues.read_text().splitlines()) if requeues.is_file() else 0
+
+    def run(verdict: int, new_submission: bool = False, **env) -> tuple[int, str, int]:
+        """One start of the job ending with ``verdict``: its exit status, its log, requeues so far. SLURM
+        counts a job's requeues in SLURM_RESTART_COUNT; a new submission of the same run starts at 0."""
+        if new_submission:
+            requeues.unlink(missing_ok=True)
         result = subprocess.run(["bash", str(SCRIPT), "default"], cwd=tmp_path, capture_output=True, text=True,
                                 timeout=60, env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
-                                                 "SLURM_JOB_ID": "7", "VERDICT": str(verdict),
-                                                 "REQUEUES": str(tmp_path / "requeues"), **env})
-        requeues = tmp_path / "requeues"
-        return result.returncode, result.stdout + result.stderr, \
-            len(requeues.read_text().splitlines()) if requeues.is_file() else 0
+                                                 "SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": str(requeued()),
+                                                 "VERDICT": str(verdict), "REQUEUES": str(requeues), **env})
+        return result.returncode, result.stdout + result.stderr, requeued()
     return run
 
 
@@ -51,6 +57,18 @@ def test_time_limit_stops_requeue_always_and_reset_the_count(job):
         assert status == verdict and "requeueing job 7" in log, log
     status, log, requeues = job(6, HER_MPI_MAX_REQUEUES="3")
     assert (status, requeues) == (6, 9) and "not requeued" in log, log
+
+
+def test_a_new_submission_of_the_run_starts_counting_afresh(job, tmp_path):
+    for _ in range(3):
+        job(6)
+    status, log, _ = job(6)
+    assert "not requeued" in log and not (tmp_path / "runs/slurm-7/slurm_failed_restarts").exists()
+    status, log, requeues = job(6, new_submission=True)  # the "resume with: sbatch ..." line, run by hand
+    assert (status, requeues) == (6, 1) and "requeueing job 7" in log, log
+    (tmp_path / "runs/slurm-7/slurm_failed_restarts").write_text("garbled\n")
+    status, log, requeues = job(6)
+    assert (status, requeues) == (6, 2) and "requeueing job 7" in log, log  # unreadable counts as none
 
 
 @pytest.mark.parametrize("verdict", [0, 1, 2, 3, 4])

@@ -28,7 +28,7 @@ try:
     from rclpy.validate_topic_name import validate_topic_name
     from diagnostic_msgs.msg import DiagnosticArray
     from geometry_msgs.msg import PointStamped, PoseStamped
-    from rcl_interfaces.msg import ParameterDescriptor
+    from rcl_interfaces.msg import ParameterDescriptor, SetParametersResult
     from rclpy.qos import QoSProfile, ReliabilityPolicy
     from std_msgs.msg import Float64MultiArray
 
@@ -62,27 +62,48 @@ def parameter_overrides(overrides: dict) -> list:
     return [rclpy.parameter.Parameter(name, value=value) for name, value in overrides.items()]
 
 
+# What each parameter must hold. They are declared without a fixed type, so that ``rate_hz:=25`` (an
+# integer to rclpy) is a rate like 25.0 and a wrong type is reported with the parameter's name (rclpy's
+# own refusal is a traceback); ``checked`` enforces these, at configure and on every later set.
+KINDS = {
+    "model_path": ((str,), "a path to an .onnx file"),
+    "intra_op_threads": ((int,), "an integer >= 0"),
+    "rate_hz": ((int, float), "a number of Hz (0: the policy's own)"),
+    "input_timeout_s": ((int, float), "a number of seconds"),
+    "trigger": ((str,), f"one of {', '.join(TRIGGERS)}"),
+    "goal_type": ((str,), f"one of {', '.join(GOAL_TYPES)}"),
+    **{name: ((str,), "a topic name") for name in PARAMETERS if name.endswith("_topic")},
+    "autostart": ((bool,), "true or false"),
+}
+
+
 def declare_untyped(node, name: str, default):
-    """Declare ``name`` without a fixed type: ``rate_hz:=25`` (an integer to rclpy) is a rate like 25.0,
-    and a value of a wrong type is reported by ``checked`` with its name, not by an rclpy traceback."""
     return node.declare_parameter(name, default, ParameterDescriptor(dynamic_typing=True))
 
 
-def checked(name: str, value, kinds: tuple, expected: str):
-    """``value`` of parameter ``name`` when it is one of ``kinds`` (a bool is no number), else ValueError."""
+def checked(name: str, value):
+    """``value`` of parameter ``name`` when it is of its kind (KINDS; a bool is no number), else ValueError.
+    Topic names are also validated as rclpy would."""
+    kinds, expected = KINDS[name]
     if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
         raise ValueError(f"parameter {name} must be {expected}, got {value!r}")
+    if name.endswith("_topic"):
+        try:
+            validate_topic_name(value)
+        except InvalidTopicNameException as exc:
+            raise ValueError(f"parameter {name}: {str(exc).splitlines()[0]} {value!r}") from None
     return value
 
 
-def topic_name(name: str, value) -> str:
-    """The topic that parameter ``name`` gives, validated as rclpy would (ValueError naming it, not a traceback)."""
-    checked(name, value, (str,), "a topic name")
-    try:
-        validate_topic_name(value)
-    except InvalidTopicNameException as exc:
-        raise ValueError(f"parameter {name}: {str(exc).splitlines()[0]} {value!r}") from None
-    return value
+def refuse_wrong_kinds(parameters) -> SetParametersResult:
+    """An on-set-parameters callback: a later ``ros2 param set`` of a wrong kind is refused, naming it."""
+    for parameter in parameters:
+        if parameter.name in KINDS:
+            try:
+                checked(parameter.name, parameter.value)
+            except ValueError as exc:
+                return SetParametersResult(successful=False, reason=str(exc))
+    return SetParametersResult(successful=True)
 
 
 class PolicyControllerLogic:
@@ -103,7 +124,7 @@ class PolicyControllerLogic:
         self._action_publisher = None
         self._control_timer = None
         self._diagnostics_publisher = self.create_publisher(
-            DiagnosticArray, topic_name("diagnostics_topic", self.get_parameter("diagnostics_topic").value), 10)
+            DiagnosticArray, checked("diagnostics_topic", self.get_parameter("diagnostics_topic").value), 10)
         self.create_timer(DIAGNOSTICS_PERIOD_S, self.publish_diagnostics)
 
     # -- configure / activate / deactivate / release -------------------------------------------
@@ -112,25 +133,24 @@ class PolicyControllerLogic:
         """Load and validate the policy and the parameters, then subscribe and advertise. Raises
         ValueError / OSError naming the bad value; nothing is created when it raises."""
         param = lambda name: self.get_parameter(name).value  # noqa: E731
-        model_path = checked("model_path", param("model_path"), (str,), "a path to an .onnx file")
+        model_path = checked("model_path", param("model_path"))
         if not model_path:
             raise ValueError("parameter model_path is required (the .onnx file from python -m her_mpi.export)")
-        threads = checked("intra_op_threads", param("intra_op_threads"), (int,), "an integer >= 0")
+        threads = checked("intra_op_threads", param("intra_op_threads"))
         if threads < 0:
             raise ValueError(f"intra_op_threads must be >= 0 (0: onnxruntime's default), got {threads}")
-        trigger, goal_type = param("trigger"), param("goal_type")
+        trigger, goal_type = checked("trigger", param("trigger")), checked("goal_type", param("goal_type"))
         if trigger not in TRIGGERS:
             raise ValueError(f"trigger must be one of {', '.join(TRIGGERS)}, got {trigger!r}")
         if goal_type not in GOAL_TYPES:
             raise ValueError(f"goal_type must be one of {', '.join(GOAL_TYPES)}, got {goal_type!r}")
-        topics = {name: topic_name(name, param(name)) for name in ("action_topic", "observation_topic", "goal_topic")}
-        timeout = float(checked("input_timeout_s", param("input_timeout_s"), (int, float), "a number of seconds"))
+        topics = {name: checked(name, param(name)) for name in ("action_topic", "observation_topic", "goal_topic")}
+        timeout = float(checked("input_timeout_s", param("input_timeout_s")))
         if not timeout > 0:
             raise ValueError(f"input_timeout_s must be > 0 seconds, got {timeout}")
         policy = Policy(model_path, intra_op_threads=threads)
         meta = policy.metadata
-        rate_hz = float(checked("rate_hz", param("rate_hz"), (int, float), "a number of Hz (0: the policy's own)")) \
-            or meta.rate_hz
+        rate_hz = float(checked("rate_hz", param("rate_hz"))) or meta.rate_hz
         if not (rate_hz > 0 and np.isfinite(rate_hz)):
             raise ValueError(f"rate_hz must be > 0, got {param('rate_hz')} "
                              f"(and the policy {model_path} stores no control period)")

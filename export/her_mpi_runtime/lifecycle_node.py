@@ -23,7 +23,7 @@ import sys
 
 # the controller first: it says what to install when ROS 2 is missing
 from her_mpi_runtime.controller import (NODE_NAME, PolicyControllerLogic, checked, declare_untyped,
-                                        parameter_overrides, run_node)
+                                        parameter_overrides, refuse_wrong_kinds, run_node)
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn  # noqa: I001
 from std_msgs.msg import Float64MultiArray
 
@@ -34,8 +34,13 @@ class ManagedPolicyController(PolicyControllerLogic, LifecycleNode):
     def __init__(self, context=None, **overrides):
         """``overrides`` set parameters directly (tests, embedding), as for ros_node.PolicyController."""
         LifecycleNode.__init__(self, NODE_NAME, context=context, parameter_overrides=parameter_overrides(overrides))
-        self.init_controller()
-        self.autostart = checked("autostart", declare_untyped(self, "autostart", False).value, (bool,), "true or false")
+        try:
+            self.init_controller()
+            self.autostart = checked("autostart", declare_untyped(self, "autostart", False).value)
+        except Exception:
+            self.destroy_node()
+            raise
+        self.add_on_set_parameters_callback(refuse_wrong_kinds)  # after the declarations: they are checked above
         self.configure_error = ""
 
     def make_action_publisher(self, topic: str, qos):

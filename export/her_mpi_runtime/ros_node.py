@@ -28,7 +28,8 @@ from __future__ import annotations
 import sys
 
 # the controller first: it says what to install when ROS 2 is missing
-from her_mpi_runtime.controller import GOAL_TYPES, NODE_NAME, PolicyControllerLogic, parameter_overrides, run_node
+from her_mpi_runtime.controller import (GOAL_TYPES, NODE_NAME, PolicyControllerLogic, parameter_overrides,
+                                        refuse_wrong_kinds, run_node)
 from rclpy.node import Node  # noqa: I001
 
 __all__ = ["GOAL_TYPES", "PolicyController", "main"]
@@ -45,6 +46,7 @@ class PolicyController(PolicyControllerLogic, Node):
         except Exception:
             self.destroy_node()
             raise
+        self.add_on_set_parameters_callback(refuse_wrong_kinds)
         self.activate_controller()
 
 
