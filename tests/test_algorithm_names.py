@@ -112,7 +112,7 @@ def test_an_algorithm_registered_at_run_time_is_configurable(monkeypatch):
 
 
 def test_hpg_learns_with_a_plain_gradient_step():
-    from her_mpi.envs import goal_functions, make_env
+    from her_mpi.envs import make_env
     from her_mpi.config import EnvConfig
     from her_mpi.rollout import RolloutWorker
 

@@ -9,7 +9,7 @@ import onnx
 import pytest
 import torch
 
-from helpers import ROOT, TINY, describe, run_python
+from helpers import TINY, describe, run_python
 
 ALGOS = ["ddpg", "sac"]
 

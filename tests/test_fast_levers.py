@@ -138,7 +138,6 @@ def agent_and_batch(algo: str, n_step: int, correction: str):
     import torch
 
     from her_mpi.config import load_config
-    from her_mpi.envs import env_spec, make_env
     from her_mpi.rollout import RolloutWorker
     from her_mpi.trainer import build_agent
 

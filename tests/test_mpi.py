@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from helpers import PROGRAMS, TINY, describe, read_progress, run_mpi, run_python
+from helpers import PROGRAMS, describe, run_mpi, run_python
 
 pytestmark = pytest.mark.mpi
 

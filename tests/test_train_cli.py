@@ -1,6 +1,5 @@
 """`python -m her_mpi.train` end to end under mpirun: run outputs, resume, and bad input."""
 
-import csv
 import json
 import math
 import shutil
