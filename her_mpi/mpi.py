@@ -1,8 +1,8 @@
 """The only module that touches mpi4py.
 
 Every rank runs the same program on its own environments and replay buffer. Ranks meet in a few
-collectives: broadcast of rank 0's parameters at start, an allreduce-mean of each network's flat
-gradient every update, an allreduce of normalizer statistics every cycle, and averages of logged
+collectives: broadcast of rank 0's parameters at start, one allreduce-mean of all the networks'
+gradients every update (her_mpi.optim.GradientGroup), an allreduce of normalizer statistics every cycle, and averages of logged
 metrics. Without ``mpirun`` everything works with a world of size 1.
 
 A rank that raises must not leave the others waiting forever in a collective:
