@@ -394,15 +394,15 @@ def main(argv=None) -> int:
                      f"{', '.join('.' + f for f in sorted(formats))}")
     try:
         runs = find_runs(args.paths)
-        if not runs:
-            raise ValueError(f"no run under {', '.join(map(str, args.paths))} has finished an epoch yet "
-                             f"(its progress.csv has no rows)")
     except ValueError as exc:
         parser.error(str(exc))
-    for flag, folder in (("--output", args.output.parent), ("--table", args.table.parent if args.table else None)):
+    if not runs:
+        parser.error(f"no run under {', '.join(map(str, args.paths))} has finished an epoch yet "
+                     f"(its progress.csv has no rows)")
+    folders = [("--output", args.output.parent)] + ([("--table", args.table.parent)] if args.table else [])
+    for flag, folder in folders:
         try:
-            if folder is not None:
-                folder.mkdir(parents=True, exist_ok=True)  # before anything is written
+            folder.mkdir(parents=True, exist_ok=True)  # before anything is written
         except OSError as exc:
             parser.error(f"{flag}: cannot make its folder {str(folder)!r} ({exc.strerror}; is a part of it a file?)")
     recipes = group(runs)
