@@ -79,6 +79,7 @@ def torch_latency(checkpoint: str, n: int) -> dict:
 def ros_latency(path: str, n: int) -> dict:
     """Round trip publish(observation) -> receive(action) with the node in another process."""
     import rclpy
+    from rclpy.executors import SingleThreadedExecutor
     from std_msgs.msg import Float64MultiArray
 
     from her_mpi_runtime import Policy
@@ -96,7 +97,7 @@ def ros_latency(path: str, n: int) -> dict:
     tester.create_subscription(Float64MultiArray, "action", lambda m: received.append(time.perf_counter()), 10)
     obs_pub = tester.create_publisher(Float64MultiArray, "observation", 10)
     goal_pub = tester.create_publisher(Float64MultiArray, "desired_goal", 10)
-    executor = rclpy.executors.SingleThreadedExecutor(context=context)
+    executor = SingleThreadedExecutor(context=context)
     executor.add_node(tester)
     obs = Float64MultiArray(data=[0.1] * meta.obs_dim)
     goal = Float64MultiArray(data=[0.2] * meta.goal_dim)
@@ -128,7 +129,6 @@ def main() -> None:
     parser.add_argument("--ros-messages", type=int, default=1000)
     parser.add_argument("--name", default="inference_latency")
     args = parser.parse_args()
-    import rclpy.executors  # noqa: F401 - imported before use in ros_latency
 
     result = {"policy": args.policy, "targets": {"runtime_p50_us": 20, "runtime_p99_us": 100}}
     result.update(runtime_latency(args.policy, args.n))

@@ -25,7 +25,7 @@ from collect_sweep import ROOT, copy_small_files  # noqa: E402  (a run's small f
 
 sys.path.insert(1, str(ROOT))  # this checkout's her_mpi, installed or not
 from her_mpi.checkpoint import replay_dir  # noqa: E402
-from her_mpi.sweep import progress_rows  # noqa: E402
+from her_mpi.logger import read_progress  # noqa: E402
 
 SWEEPS = ROOT / "runs" / "sweeps"
 PARKED = ROOT / "experiments" / "parked"
@@ -33,7 +33,7 @@ CHECKPOINT = Path("checkpoints") / "latest.pt"
 
 
 def epochs_done(run_dir: Path) -> int:
-    return len(progress_rows(run_dir))
+    return len(read_progress(run_dir))
 
 
 def copy_run(source: Path, target: Path) -> None:

@@ -32,7 +32,7 @@ import numpy as np
 
 from her_mpi.config import ConfigError, load_config, resolve_recipe
 from her_mpi.logger import format_duration
-from her_mpi.logger import read_progress as progress_rows
+from her_mpi.logger import read_progress
 from her_mpi.run_status import EXIT_HUNG, EXIT_LOST, EXIT_PREEMPTED
 
 FINISHED = "finished.json"  # written by the sweep when a run's job exits cleanly at its budget
@@ -59,7 +59,7 @@ class Run:
 
     def epochs_done(self) -> int:
         """Epochs in progress.csv (rows are written before each checkpoint)."""
-        return len(progress_rows(self.run_dir))
+        return len(read_progress(self.run_dir))
 
     def reached_budget(self) -> bool:
         """This sweep's epochs done, or its env steps (train.max_env_steps) collected."""
@@ -86,7 +86,7 @@ class Run:
     def seconds_per_epoch(self) -> float | None:
         """Median epoch duration so far (progress.csv's time_s runs on across resumes), None before
         epoch 1. The median, so that an epoch stalled by a pause or a restart does not set the ETA."""
-        times = [float(row["time_s"]) for row in progress_rows(self.run_dir) if row.get("time_s")]
+        times = [float(row["time_s"]) for row in read_progress(self.run_dir) if row.get("time_s")]
         return float(np.median(np.diff([0.0, *times]))) if times else None
 
     def can_resume(self) -> bool:
@@ -167,7 +167,7 @@ def job_env() -> dict:
 
 
 def last_row(run_dir: Path) -> dict:
-    rows = progress_rows(run_dir)
+    rows = read_progress(run_dir)
     return rows[-1] if rows else {}
 
 

@@ -159,6 +159,18 @@ def test_on_policy_resume_is_exact_after_a_mid_epoch_stop(tmp_path):
         for cycle_metrics in rank_state["progress"]["metrics"]:
             del cycle_metrics["ess"]
     torch.save(state, older / "checkpoints" / "latest.pt")
+    # asked for fewer epochs than it finished, the stopped run trains nothing and its record says epoch 1 as
+    # progress.csv has it (the mid-epoch checkpoint's step count includes part of epoch 2)
+    lowered = tmp_path / "lowered"
+    shutil.copytree(run_dir, lowered)
+    progress = read_progress(lowered)
+    result = run_mpi(2, ["-m", "her_mpi.train", "--resume", lowered, "--set", "train.n_epochs=1"])
+    assert result.returncode == 0, describe(result)
+    assert "the run has 1 epochs done and train.n_epochs = 1: nothing to train" in result.stdout, describe(result)
+    record = json.loads((lowered / "status.json").read_text())
+    assert read_progress(lowered) == progress
+    assert (record["state"], record["epoch"], record["env_steps"]) == ("finished", 1, int(progress[0]["env_steps"]))
+    assert record["env_steps"] < state["env_steps"]
     result = run_mpi(2, ["-m", "her_mpi.train", "--resume", run_dir])
     assert result.returncode == 0, describe(result)
     digest = assert_same_run(reference, run_dir)

@@ -2,7 +2,6 @@
 seeds (IQM with a stratified bootstrap interval, steps to a threshold)."""
 
 import argparse
-import csv
 import json
 import os
 import signal
@@ -16,7 +15,7 @@ import pytest
 import yaml
 from scipy import stats
 
-from helpers import ROOT, describe, mpi_env, run_mpi
+from helpers import ROOT, describe, mpi_env, read_progress, run_mpi
 from fake_runs import fake_run
 from her_mpi import plot
 from her_mpi.config import ConfigError, load_config
@@ -75,11 +74,6 @@ def sweep(out, *args, timeout=600) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout, env=mpi_env(), cwd=ROOT)
 
 
-def progress_rows(run_dir) -> list[dict]:
-    with open(run_dir / "progress.csv", newline="") as f:
-        return list(csv.DictReader(f))
-
-
 @pytest.mark.mpi
 def test_sweep_skips_finished_runs_and_resumes_interrupted_ones(tmp_path):
     out = tmp_path / "sweep"
@@ -95,11 +89,11 @@ def test_sweep_skips_finished_runs_and_resumes_interrupted_ones(tmp_path):
     assert again.returncode == 0 and "2 already finished" in again.stdout and "starting" not in again.stdout
 
     # a longer budget: both runs are now unfinished and continue from their checkpoints
-    before = progress_rows(out / "fetch_reach_td3" / "seed0")
+    before = read_progress(out / "fetch_reach_td3" / "seed0")
     longer = sweep(out, *TINY_SWEEP, "--seeds", "0-1", "--set", "train.n_epochs=2")
     assert longer.returncode == 0, describe(longer)
     assert "2 to resume" in longer.stdout and longer.stdout.count("resuming") == 2
-    rows = progress_rows(out / "fetch_reach_td3" / "seed0")
+    rows = read_progress(out / "fetch_reach_td3" / "seed0")
     assert [int(r["epoch"]) for r in rows] == [0, 1] and rows[0] == before[0]
     assert int(rows[1]["updates"]) == 2 * int(rows[0]["updates"])  # counters carried over
 
@@ -113,7 +107,7 @@ def test_a_run_capped_earlier_trains_on_to_the_recipes_budget(tmp_path):
     assert capped.returncode == 0, describe(capped)
     uncapped = sweep(tmp_path / "sweep", *tiny)  # no cap: the recipe's 2 epochs
     assert uncapped.returncode == 0 and "resuming" in uncapped.stdout, describe(uncapped)
-    assert [int(r["epoch"]) for r in progress_rows(tmp_path / "sweep" / "tiny" / "seed0")] == [0, 1]
+    assert [int(r["epoch"]) for r in read_progress(tmp_path / "sweep" / "tiny" / "seed0")] == [0, 1]
 
 
 @pytest.mark.mpi
@@ -122,16 +116,16 @@ def test_a_budget_in_env_steps_ends_runs_and_sweeps(tmp_path):
     out, run_dir = tmp_path / "sweep", tmp_path / "sweep" / "fetch_reach_td3" / "seed0"
     first = sweep(out, *TINY_SWEEP, "--seeds", "0", "--set", "train.n_epochs=5", "--set", "train.max_env_steps=700")
     assert first.returncode == 0 and "[1/1]" in first.stdout, describe(first)
-    assert [int(r["env_steps"]) for r in progress_rows(run_dir)] == [400, 800]
+    assert [int(r["env_steps"]) for r in read_progress(run_dir)] == [400, 800]
     again = sweep(out, *TINY_SWEEP, "--seeds", "0", "--set", "train.n_epochs=5", "--set", "train.max_env_steps=700")
     assert "1 already finished" in again.stdout and "starting" not in again.stdout, describe(again)
     longer = sweep(out, *TINY_SWEEP, "--seeds", "0", "--set", "train.n_epochs=5", "--set", "train.max_env_steps=1100")
     assert longer.returncode == 0 and "resuming" in longer.stdout, describe(longer)
-    assert [int(r["env_steps"]) for r in progress_rows(run_dir)] == [400, 800, 1200]
+    assert [int(r["env_steps"]) for r in read_progress(run_dir)] == [400, 800, 1200]
     # a resume that already has its budget trains nothing
     spent = run_mpi(2, ["-m", "her_mpi.train", "--resume", run_dir, "--set", "train.max_env_steps=1000"])
     assert spent.returncode == 0 and "reached train.max_env_steps = 1,000" in spent.stdout, describe(spent)
-    assert len(progress_rows(run_dir)) == 3
+    assert len(read_progress(run_dir)) == 3
 
 
 @pytest.mark.mpi
@@ -144,7 +138,7 @@ def test_sweep_stopped_mid_run_resumes_where_it_was(tmp_path):
     try:  # wait for two checkpointed epochs, then stop the sweep (SIGUSR1 stops it like Ctrl-C)
         deadline = time.monotonic() + 600
         while process.poll() is None and time.monotonic() < deadline:
-            if (run_dir / "progress.csv").is_file() and len(progress_rows(run_dir)) >= 2:
+            if (run_dir / "progress.csv").is_file() and len(read_progress(run_dir)) >= 2:
                 break
             time.sleep(0.5)
         process.send_signal(signal.SIGUSR1)
@@ -155,15 +149,15 @@ def test_sweep_stopped_mid_run_resumes_where_it_was(tmp_path):
     # the job was stopped gracefully (its ranks checkpointed and exited 75), not killed
     assert "exited with 75" not in stderr and "FAILED" not in stderr
     assert "stopped" in (out / "logs" / "fetch_reach_td3_seed0.log").read_text().split("===")[-1]
-    done = len(progress_rows(run_dir))
+    done = len(read_progress(run_dir))
     assert 2 <= done < 30 and not (run_dir / "finished.json").exists()
     past = sweep(out, *TINY_SWEEP, "--seeds", "0", "--set", f"train.n_epochs={done - 1}")  # a smaller budget
     assert past.returncode == 0 and "stopped past this budget" in past.stdout, describe(past)
-    assert "resuming" not in past.stdout and len(progress_rows(run_dir)) == done
+    assert "resuming" not in past.stdout and len(read_progress(run_dir)) == done
     resumed = sweep(out, *TINY_SWEEP, "--seeds", "0", "--set", f"train.n_epochs={done + 1}")
     assert resumed.returncode == 0, describe(resumed)
     assert "resuming" in resumed.stdout
-    assert [int(r["epoch"]) for r in progress_rows(run_dir)] == list(range(done + 1))
+    assert [int(r["epoch"]) for r in read_progress(run_dir)] == list(range(done + 1))
 
 
 def training_ranks(run_dir) -> list[int]:
@@ -189,7 +183,7 @@ def test_a_job_that_loses_a_rank_is_resumed_at_once_and_finishes(tmp_path):
     try:
         deadline = time.monotonic() + 300
         while process.poll() is None and time.monotonic() < deadline:
-            if (run_dir / "progress.csv").is_file() and len(progress_rows(run_dir)) >= 2 and training_ranks(run_dir):
+            if (run_dir / "progress.csv").is_file() and len(read_progress(run_dir)) >= 2 and training_ranks(run_dir):
                 break
             time.sleep(0.2)
         os.kill(training_ranks(run_dir)[-1], signal.SIGKILL)  # like a node's OOM killer
@@ -198,7 +192,7 @@ def test_a_job_that_loses_a_rank_is_resumed_at_once_and_finishes(tmp_path):
         process.kill()
     assert process.returncode == 0, f"{stdout}\n{stderr}"
     assert "lost a host or rank" in stderr and "resuming it from its last checkpoint" in stderr
-    assert [int(r["epoch"]) for r in progress_rows(run_dir)] == list(range(6))
+    assert [int(r["epoch"]) for r in read_progress(run_dir)] == list(range(6))
     assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"
 
 
