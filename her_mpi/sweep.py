@@ -31,8 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from her_mpi.config import ConfigError, load_config, resolve_recipe
-from her_mpi.logger import format_duration
-from her_mpi.logger import read_progress
+from her_mpi.logger import format_duration, read_progress
 from her_mpi.run_status import EXIT_HUNG, EXIT_LOST, EXIT_PREEMPTED
 
 FINISHED = "finished.json"  # written by the sweep when a run's job exits cleanly at its budget
