@@ -30,6 +30,7 @@
 #     experiments/tables.sh htrpo_reach_hold  # ... with copies that run past their first success (algo.hold_goal)
 #     experiments/tables.sh htrpo_push_hold_ft  # the parked continuous-FetchPush HTRPO run trained on with algo.hold_goal
 #     experiments/tables.sh htrpo_push_cap_ft   # ... with truncated importance weights (CAP=2: algo.max_log_ratio)
+#     experiments/tables.sh htrpo_push_hold_2m  # the finished 2M run trained on with algo.hold_goal
 #     experiments/tables.sh hpg_push        # HPG on continuous FetchPush as the authors' published config trains it, seed 0 to 512k
 #     experiments/tables.sh htrpo_ablations # HTRPO without QKL / goal filtering / weighted IS / sparse reward / hindsight, 8 bits
 #     DRY_RUN=1 experiments/tables.sh <table>  # print the her_mpi.sweep commands a table would run, run none
@@ -80,7 +81,8 @@ sweep() {  # sweep TABLE ARGS...: one her_mpi.sweep into OUT/TABLE
     (cd "$TREE" && PYTHONPATH="$TREE:$TREE/export" "${runner[@]}")
 }
 
-push_fine_tune() {  # push_fine_tune TABLE SETS...: the parked 752k fetch_push_htrpo seed-0 run resumed with SETS
+push_fine_tune() {  # push_fine_tune TABLE SETS...: the parked fetch_push_htrpo seed-0 run (as parked when TABLE first
+    # runs: 752k for htrpo_push_hold_ft and htrpo_push_cap_ft, 2M since) resumed with SETS to EPOCHS
     local run="$OUT/$1/fetch_push_htrpo/seed0"; shift
     if [ -n "${DRY_RUN:-}" ]; then echo "resume $run $*"; return; fi
     if [ ! -f "$run/checkpoints/latest.pt" ]; then
@@ -266,6 +268,10 @@ htrpo_push_cap_ft)  # the same 752k run trained on with truncated importance wei
     # hindsight weights 65k instead of 8.8k of 265k rows on one batch, htrpo_log_ratio_clip.md) to EPOCHS
     # (default 56: +144k steps). Does the goal-specific policy learn faster once its hindsight copies weigh again?
     push_fine_tune htrpo_push_cap_ft --set "algo.max_log_ratio=${CAP:-2}" ;;
+htrpo_push_hold_2m)  # the finished 2M fetch_push_htrpo seed-0 run (it reaches the goal with the object in 85% of unseen
+    # episodes, holds it there at the last step in 10%) trained on with algo.hold_goal to EPOCHS (default 145: +320k
+    # steps). Does paying copies for staying at the goal turn reaching into holding? A diagnostic, not a recipe's curve
+    EPOCHS=${EPOCHS:-145} push_fine_tune htrpo_push_hold_2m --set algo.hold_goal=true ;;
 hpg_push)  # the HTRPO authors' published FetchPush config sets using_hpg, so their code trains HPG there
     # (fetch_push_hpg); fetch_push_htrpo (the trust-region reading) is still at the untrained level at 900k. Screen:
     # seed 0 (SEEDS=...) to EPOCHS (default 32 epochs = 512k steps), beside fetch_push_htrpo's curve
@@ -386,6 +392,6 @@ htrpo_push_levers)  # HTRPO continuous FetchPush, seed 0 to 320k (20 epochs; EPO
             --set "train.n_epochs=${EPOCHS:-20}"
     done ;;
 *)
-    echo "usage: experiments/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|push_td3_diag|push_sac_diag|other_tasks|htrpo_discrete|htrpo_reach_discrete|htrpo_reach_entropy|htrpo_push_discrete|htrpo_push_discrete_critic_batch|htrpo_push|ms_pacman|ms_pacman_htrpo_levers|hpg_screen|htrpo_vs_hpg|htrpo_ablations|htrpo_reach|htrpo_reach_fast|htrpo_bits|htrpo_bits32|bitflip_dqn|predator_prey|predator_prey_sac|predator_prey_shift|predator_prey_shift_clip|predator_prey_static|push_updates|robotics_updates|slide_best|slide_updates|pick_and_place_clip|push_ranks|push_ranks_scheduled|push_ranks_cycle_targets|htrpo_push_levers|htrpo_push_authors|htrpo_slide|htrpo_push_hold_ft|htrpo_push_cap_ft|hpg_push" >&2
+    echo "usage: experiments/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|push_td3_diag|push_sac_diag|other_tasks|htrpo_discrete|htrpo_reach_discrete|htrpo_reach_entropy|htrpo_push_discrete|htrpo_push_discrete_critic_batch|htrpo_push|ms_pacman|ms_pacman_htrpo_levers|hpg_screen|htrpo_vs_hpg|htrpo_ablations|htrpo_reach|htrpo_reach_fast|htrpo_bits|htrpo_bits32|bitflip_dqn|predator_prey|predator_prey_sac|predator_prey_shift|predator_prey_shift_clip|predator_prey_static|push_updates|robotics_updates|slide_best|slide_updates|pick_and_place_clip|push_ranks|push_ranks_scheduled|push_ranks_cycle_targets|htrpo_push_levers|htrpo_push_authors|htrpo_slide|htrpo_push_hold_ft|htrpo_push_cap_ft|htrpo_push_hold_2m|hpg_push" >&2
     exit 2 ;;
 esac
