@@ -32,6 +32,14 @@ PARKED = ROOT / "experiments" / "parked"
 CHECKPOINT = Path("checkpoints") / "latest.pt"
 
 
+def run_key(run: Path) -> Path:
+    """A run's path below runs/sweeps or experiments/parked: the same for a run and its parked copy."""
+    for home in (SWEEPS, PARKED):
+        if run.is_relative_to(home):
+            return run.relative_to(home)
+    return run
+
+
 def epochs_done(run_dir: Path) -> int:
     return len(read_progress(run_dir))
 
@@ -55,7 +63,7 @@ def park(sweeps: list[Path]) -> int:
         if not runs:
             print(f"park_runs: no run with a checkpoint under {sweep}")
         for run in runs:
-            target = PARKED / run.relative_to(SWEEPS)
+            target = PARKED / run_key(run)
             shutil.rmtree(target, ignore_errors=True)
             copy_run(run, target)
             print(f"parked {run.relative_to(ROOT)} at epoch {epochs_done(run)} -> {target.relative_to(ROOT)}")
@@ -67,7 +75,7 @@ def park(sweeps: list[Path]) -> int:
 
 def unpark() -> int:
     for parked in runs_with_checkpoints(PARKED):
-        target = SWEEPS / parked.relative_to(PARKED)
+        target = SWEEPS / run_key(parked)
         # a run killed inside its first epoch has a checkpoint but no progress row: compare checkpoints too
         if (target / CHECKPOINT).is_file() and epochs_done(target) >= epochs_done(parked):
             print(f"kept {target.relative_to(ROOT)} (epoch {epochs_done(target)}; parked: {epochs_done(parked)})")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, ROOT, machine  # noqa: E402
-from park_runs import CHECKPOINT, PARKED, SWEEPS, runs_with_checkpoints  # noqa: E402  (also puts this checkout's her_mpi first)
+from park_runs import CHECKPOINT, run_key, runs_with_checkpoints  # noqa: E402  (also puts this checkout's her_mpi first)
 
 from her_mpi.plot import sweep_label  # noqa: E402
 from her_mpi.sweep import DESCRIPTION, FINISHED, last_row  # noqa: E402
@@ -60,19 +60,10 @@ def run_facts(run: Path) -> dict:
     }
 
 
-def run_key(run: str) -> str:
-    """The run's path below runs/sweeps or experiments/parked (the same for a run and its parked copy)."""
-    for home in (SWEEPS, PARKED):
-        prefix = f"{home.relative_to(ROOT)}/"
-        if run.startswith(prefix):
-            return run.removeprefix(prefix)
-    return run
-
-
 def merge_rows(path: Path, rows: list[dict], sort_key) -> list[dict]:
     """Add ``rows`` to the results file at ``path`` (replacing rows of the same run); all rows, sorted."""
-    kept = {run_key(r["run"]): r for r in json.loads(path.read_text())["runs"]} if path.is_file() else {}
-    kept.update((run_key(r["run"]), r) for r in rows)
+    kept = {run_key(ROOT / r["run"]): r for r in json.loads(path.read_text())["runs"]} if path.is_file() else {}
+    kept.update((run_key(ROOT / r["run"]), r) for r in rows)
     merged = sorted(kept.values(), key=sort_key)
     RESULTS.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"machine": machine(), "runs": merged}, indent=2))
