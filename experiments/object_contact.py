@@ -10,6 +10,10 @@ gripper-object distance, the object's distance to the goal at the start and at t
 whether a moved object goes towards its goal (mean cosine of its displacement with the direction
 to the goal on the table: 1 towards, 0 unrelated, -1 away), and for the failed episodes the median
 distance from the goal at the end and the share that ended beyond the goal rather than short of it.
+For the episodes whose object reaches its goal at some step it says what happens there: how many are
+still at the goal at the last step (which Fetch scores), how fast the object moves when it first
+arrives, how far it goes in the next three steps, and (continuous actions) how hard the gripper
+still pushes then: a policy that arrives fast and keeps pushing overshoots.
 For tasks with goals in the air (PickAndPlace) it splits success by where the goal is and says how
 often the object was lifted when it had to be: a policy that fails the air goals without lifting
 lacks the grasp, one that lifts and still fails lacks the placing. A policy is a run directory, a
@@ -31,6 +35,7 @@ import numpy as np
 
 from common import save
 
+from her_mpi.envs import compute_success
 from her_mpi.evaluate import load_policy
 from her_mpi.rollout import RolloutWorker
 from her_mpi.settings import EnvConfig
@@ -73,6 +78,9 @@ def contact(policy: str, n_episodes: int, seed: int, input_clip: float | None = 
                            min(10, n_episodes), np.random.SeedSequence(seed))
     try:  # the same seed gives every checkpoint the same episodes
         episodes = worker.generate(act, n_episodes, env_units=True)
+        n, steps = episodes.ag.shape[0], episodes.ag.shape[1] - 1
+        at_goal = compute_success(worker.envs[0], episodes.ag[:, 1:].reshape(n * steps, -1),
+                                  episodes.g[:, 1:].reshape(n * steps, -1)).reshape(n, steps) > 0
     finally:
         worker.close()
     # Fetch observations start with the gripper's position, then the object's; arrays past an
@@ -113,7 +121,32 @@ def contact(policy: str, n_episodes: int, seed: int, input_clip: float | None = 
             "push_towards_goal_cos": float(np.mean(cosine[moved > 0.02])) if np.any(moved > 0.02) else None,
             "failed_goal_distance_median_m": float(np.median(end_distance[failed])) if failed.any() else None,
             "failed_beyond_goal_share": float(np.mean(along[failed] > 0)) if failed.any() else None,
-            **by_goal_height}
+            **by_goal_height, **after_arrival(episodes, at_goal)}
+
+
+def after_arrival(episodes, at_goal: np.ndarray) -> dict:
+    """What the episodes that reach their goal at some step do there (``at_goal``: [n, T] after each step)."""
+    reached = at_goal.any(axis=1)
+    if not reached.any():
+        return {"reached_share": 0.0}
+    rows = np.flatnonzero(reached)
+    arrive = at_goal[rows].argmax(axis=1) + 1  # index into ag/obs: the state after the first successful step
+    last = episodes.ag.shape[1] - 1
+    ag = episodes.ag[rows]
+    speed = np.linalg.norm(ag[np.arange(len(rows)), arrive] - ag[np.arange(len(rows)), arrive - 1], axis=-1)
+    travel = np.linalg.norm(ag[np.arange(len(rows)), np.minimum(arrive + 3, last)] - ag[np.arange(len(rows)), arrive],
+                            axis=-1)
+    held = episodes.success[rows].astype(bool)
+    row = {"reached_share": float(reached.mean()), "held_share_of_reached": float(held.mean()),
+           "first_arrival_step_median": float(np.median(arrive)),
+           "arrival_speed_cm_per_step_median": float(100 * np.median(speed)),
+           "travel_3_steps_after_arrival_cm_median": float(100 * np.median(travel)),
+           "steps_at_goal_median_not_held": float(np.median(at_goal[rows][~held].sum(axis=1))) if (~held).any() else None}
+    if np.issubdtype(episodes.actions.dtype, np.floating):  # continuous: the table-plane push after arriving
+        after = np.arange(episodes.actions.shape[1])[None, :] >= arrive[:, None]  # actions taken at the goal
+        push = np.linalg.norm(episodes.actions[rows, :, :2], axis=-1)
+        row["action_xy_norm_after_arrival_mean"] = float(push[after].mean())
+    return row
 
 
 def main() -> None:
