@@ -36,7 +36,7 @@ import numpy as np
 from common import save
 
 from her_mpi.envs import compute_success
-from her_mpi.evaluate import load_policy
+from her_mpi.evaluate import at_goal_steps, load_policy
 from her_mpi.rollout import RolloutWorker
 from her_mpi.settings import EnvConfig
 
@@ -78,9 +78,7 @@ def contact(policy: str, n_episodes: int, seed: int, input_clip: float | None = 
                            min(10, n_episodes), np.random.SeedSequence(seed))
     try:  # the same seed gives every checkpoint the same episodes
         episodes = worker.generate(act, n_episodes, env_units=True)
-        n, steps = episodes.ag.shape[0], episodes.ag.shape[1] - 1
-        at_goal = compute_success(worker.envs[0], episodes.ag[:, 1:].reshape(n * steps, -1),
-                                  episodes.g[:, 1:].reshape(n * steps, -1)).reshape(n, steps) > 0
+        at_goal = at_goal_steps(episodes, lambda ag, g: compute_success(worker.envs[0], ag, g))
     finally:
         worker.close()
     # Fetch observations start with the gripper's position, then the object's; arrays past an

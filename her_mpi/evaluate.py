@@ -61,12 +61,18 @@ def env_config_from_training(training_config: dict, env_id: str | None = None, *
                      max_episode_steps=section.get("max_episode_steps"))
 
 
+def at_goal_steps(episodes, success_fn) -> np.ndarray:
+    """[episodes, steps]: whether the achieved goal is at the goal after each step (False past an
+    episode's end)."""
+    n, T = episodes.actions.shape[:2]
+    at_goal = success_fn(episodes.ag[:, 1:].reshape(n * T, -1), episodes.g[:, 1:].reshape(n * T, -1)).reshape(n, T)
+    return (at_goal > 0) & (np.arange(T)[None, :] < episodes.lengths[:, None])
+
+
 def reached_goal(episodes, success_fn) -> np.ndarray:
     """Per episode, whether its achieved goal reached the goal after some step. Success judges
     the last step (Fetch, Hand): a policy that reaches the goal and leaves it fails there."""
-    n, T = episodes.actions.shape[:2]
-    at_goal = success_fn(episodes.ag[:, 1:].reshape(n * T, -1), episodes.g[:, 1:].reshape(n * T, -1)).reshape(n, T)
-    return ((at_goal > 0) & (np.arange(T)[None, :] < episodes.lengths[:, None])).any(axis=1)
+    return at_goal_steps(episodes, success_fn).any(axis=1)
 
 
 def main(argv=None) -> int:

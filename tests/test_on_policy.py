@@ -192,11 +192,13 @@ def test_htrpo_binary_reward_pays_one_at_the_first_success_whenever_it_comes():
 
 
 def test_evaluation_counts_a_goal_reached_and_left_as_reached_not_as_success():
-    from her_mpi.evaluate import reached_goal
+    from her_mpi.evaluate import at_goal_steps, reached_goal
 
     env = PredatorPreyEnv(dims=1, interception_distance=0.5)
     ag = np.array([[[0.0], [2.0], [1.0]], [[0.0], [1.0], [1.0]], [[0.0], [0.0], [2.0]]], np.float32)
     episodes = episodes_from(ag, np.array([2.0], np.float32), lengths=[2, 2, 1])  # episode 2 ended after step 1
+    np.testing.assert_array_equal(at_goal_steps(episodes, env.compute_success),
+                                  [[True, False], [False, False], [False, False]])  # not past an episode's end
     np.testing.assert_array_equal(reached_goal(episodes, env.compute_success), [True, False, False])
 
 
