@@ -31,6 +31,7 @@
 #     experiments/tables.sh htrpo_push_hold_ft  # the parked continuous-FetchPush HTRPO run trained on with algo.hold_goal
 #     experiments/tables.sh htrpo_push_cap_ft   # ... with truncated importance weights (CAP=2: algo.max_log_ratio)
 #     experiments/tables.sh htrpo_push_hold_2m  # the finished 2M run trained on with algo.hold_goal
+#     experiments/tables.sh htrpo_push_hold_1m  # fetch_push_htrpo parked at 1M (EPOCHS=63 htrpo_push), on to 2M with hold_goal
 #     experiments/tables.sh hpg_push        # HPG on continuous FetchPush as the authors' published config trains it, seed 0 to 512k
 #     experiments/tables.sh htrpo_ablations # HTRPO without QKL / goal filtering / weighted IS / sparse reward / hindsight, 8 bits
 #     DRY_RUN=1 experiments/tables.sh <table>  # print the her_mpi.sweep commands a table would run, run none
@@ -81,12 +82,20 @@ sweep() {  # sweep TABLE ARGS...: one her_mpi.sweep into OUT/TABLE
     (cd "$TREE" && PYTHONPATH="$TREE:$TREE/export" "${runner[@]}")
 }
 
-push_fine_tune() {  # push_fine_tune TABLE SETS...: the parked fetch_push_htrpo seed-0 run (as parked when TABLE first
-    # runs: 752k for htrpo_push_hold_ft and htrpo_push_cap_ft, 2M since) resumed with SETS to EPOCHS
-    local run="$OUT/$1/fetch_push_htrpo/seed0"; shift
+push_fine_tune() {  # push_fine_tune TABLE SEED SETS...: the parked fetch_push_htrpo run of SEED (as parked when TABLE
+    # first runs: seed 0 at 752k for htrpo_push_hold_ft and htrpo_push_cap_ft, at 2M since) resumed with SETS to
+    # EPOCHS. FROM_EPOCH=N: the parked run must stop at epoch N, the branch point (EPOCHS=N experiments/tables.sh htrpo_push)
+    local table=$1 seed=$2; shift 2
+    local run="$OUT/$table/fetch_push_htrpo/seed$seed" source="$ROOT/experiments/parked/htrpo_push/fetch_push_htrpo/seed$seed"
     if [ -n "${DRY_RUN:-}" ]; then echo "resume $run $*"; return; fi
     if [ ! -f "$run/checkpoints/latest.pt" ]; then
-        mkdir -p "$run" && cp -r "$ROOT/experiments/parked/htrpo_push/fetch_push_htrpo/seed0/." "$run/"
+        local epochs; epochs=$(($( { wc -l < "$source/progress.csv"; } 2>/dev/null || echo 1) - 1))
+        if [ ! -f "$source/checkpoints/latest.pt" ] || { [ -n "${FROM_EPOCH:-}" ] && [ "$epochs" != "$FROM_EPOCH" ]; }; then
+            echo "$table seed $seed branches from $source${FROM_EPOCH:+ at epoch $FROM_EPOCH}, which is at epoch $epochs:" \
+                 "park htrpo_push seed $seed there first (EPOCHS=${FROM_EPOCH:-N} experiments/tables.sh htrpo_push)" >&2
+            return 2
+        fi
+        mkdir -p "$run" && cp -r "$source/." "$run/"
         rm -f "$run/finished.json" "$run/sweep.json"  # not the recipe as swept: its label comes from config.yaml
     fi
     (cd "$TREE" && PYTHONPATH="$TREE:$TREE/export" mpirun -np 2 python -m her_mpi.train --resume "$run" \
@@ -263,15 +272,21 @@ htrpo_reach_hold)  # ... with copies that run past their first success (algo.hol
 htrpo_push_hold_ft)  # the parked fetch_push_htrpo seed-0 run (752k steps, test <= 0.05 since 160k, yet its policy
     # reaches the goal with the object in ~half of its episodes and pushes on past it) trained on with algo.hold_goal to
     # EPOCHS (default 56: +144k steps). A diagnostic of hold_goal on Push, not a recipe's curve
-    push_fine_tune htrpo_push_hold_ft --set algo.hold_goal=true ;;
+    push_fine_tune htrpo_push_hold_ft 0 --set algo.hold_goal=true ;;
 htrpo_push_cap_ft)  # the same 752k run trained on with truncated importance weights (algo.max_log_ratio=2: ESS of the
     # hindsight weights 65k instead of 8.8k of 265k rows on one batch, htrpo_log_ratio_clip.md) to EPOCHS
     # (default 56: +144k steps). Does the goal-specific policy learn faster once its hindsight copies weigh again?
-    push_fine_tune htrpo_push_cap_ft --set "algo.max_log_ratio=${CAP:-2}" ;;
+    push_fine_tune htrpo_push_cap_ft 0 --set "algo.max_log_ratio=${CAP:-2}" ;;
 htrpo_push_hold_2m)  # the finished 2M fetch_push_htrpo seed-0 run (it reaches the goal with the object in 85% of unseen
     # episodes, holds it there at the last step in 10%) trained on with algo.hold_goal to EPOCHS (default 145: +320k
     # steps). Does paying copies for staying at the goal turn reaching into holding? A diagnostic, not a recipe's curve
-    EPOCHS=${EPOCHS:-145} push_fine_tune htrpo_push_hold_2m --set algo.hold_goal=true ;;
+    EPOCHS=${EPOCHS:-145} push_fine_tune htrpo_push_hold_2m 0 --set algo.hold_goal=true ;;
+htrpo_push_hold_1m)  # fetch_push_htrpo to 1M steps (first: EPOCHS=63 experiments/tables.sh htrpo_push, park), then on
+    # to EPOCHS (default 125: 2M) with algo.hold_goal, seeds SEEDS (default 1). From 2M it lifted test 0.10 -> 0.35
+    # (htrpo_push_hold_2m); from the start or at 752k it did nothing. Does switching at 1M give the row a better 2M?
+    for seed in ${SEEDS:-1}; do
+        FROM_EPOCH=63 EPOCHS=${EPOCHS:-125} push_fine_tune htrpo_push_hold_1m "$seed" --set algo.hold_goal=true
+    done ;;
 hpg_push)  # the HTRPO authors' published FetchPush config sets using_hpg, so their code trains HPG there
     # (fetch_push_hpg); fetch_push_htrpo (the trust-region reading) is still at the untrained level at 900k. Screen:
     # seed 0 (SEEDS=...) to EPOCHS (default 32 epochs = 512k steps), beside fetch_push_htrpo's curve
