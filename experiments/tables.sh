@@ -31,6 +31,7 @@
 #     experiments/tables.sh htrpo_push_hold_ft  # the parked continuous-FetchPush HTRPO run trained on with algo.hold_goal
 #     experiments/tables.sh htrpo_push_cap_ft   # ... with truncated importance weights (CAP=2: algo.max_log_ratio)
 #     experiments/tables.sh htrpo_push_hold_2m  # the finished 2M run trained on with algo.hold_goal
+#     KL=1e-4 experiments/tables.sh htrpo_push_hold_kl  # ... the hold_goal run from 2,432k with a larger trust region
 #     experiments/tables.sh htrpo_push_hold_1m  # fetch_push_htrpo parked at 1M (EPOCHS=63 htrpo_push), on to 2M with hold_goal
 #     experiments/tables.sh hpg_push        # HPG on continuous FetchPush as the authors' published config trains it, seed 0 to 512k
 #     experiments/tables.sh htrpo_ablations # HTRPO without QKL / goal filtering / weighted IS / sparse reward / hindsight, 8 bits
@@ -82,17 +83,18 @@ sweep() {  # sweep TABLE ARGS...: one her_mpi.sweep into OUT/TABLE
     (cd "$TREE" && PYTHONPATH="$TREE:$TREE/export" "${runner[@]}")
 }
 
-push_fine_tune() {  # push_fine_tune TABLE SEED SETS...: the parked fetch_push_htrpo run of SEED (as parked when TABLE
-    # first runs: seed 0 at 752k for htrpo_push_hold_ft and htrpo_push_cap_ft, at 2M since) resumed with SETS to
-    # EPOCHS. FROM_EPOCH=N: the parked run must stop at epoch N, the branch point (EPOCHS=N experiments/tables.sh htrpo_push)
+push_fine_tune() {  # push_fine_tune TABLE SEED SETS...: the parked fetch_push_htrpo run of SEED in table SOURCE (default
+    # htrpo_push; as parked when TABLE first runs: seed 0 at 752k for htrpo_push_hold_ft and htrpo_push_cap_ft, at 2M
+    # since) resumed with SETS to EPOCHS. FROM_EPOCH=N: the parked run must stop at epoch N, the branch point
     local table=$1 seed=$2; shift 2
-    local run="$OUT/$table/fetch_push_htrpo/seed$seed" source="$ROOT/experiments/parked/htrpo_push/fetch_push_htrpo/seed$seed"
+    local run="$OUT/$table/fetch_push_htrpo/seed$seed"
+    local source="$ROOT/experiments/parked/${SOURCE:-htrpo_push}/fetch_push_htrpo/seed$seed"
     if [ -n "${DRY_RUN:-}" ]; then echo "resume $run $*"; return; fi
     if [ ! -f "$run/checkpoints/latest.pt" ]; then
         local epochs; epochs=$(($( { wc -l < "$source/progress.csv"; } 2>/dev/null || echo 1) - 1))
         if [ ! -f "$source/checkpoints/latest.pt" ] || { [ -n "${FROM_EPOCH:-}" ] && [ "$epochs" != "$FROM_EPOCH" ]; }; then
             echo "$table seed $seed branches from $source${FROM_EPOCH:+ at epoch $FROM_EPOCH}, which is at epoch $epochs:" \
-                 "park htrpo_push seed $seed there first (EPOCHS=${FROM_EPOCH:-N} experiments/tables.sh htrpo_push)" >&2
+                 "park ${SOURCE:-htrpo_push} seed $seed there first (EPOCHS=${FROM_EPOCH:-N} experiments/tables.sh ${SOURCE:-htrpo_push})" >&2
             return 2
         fi
         mkdir -p "$run" && cp -r "$source/." "$run/"
@@ -281,6 +283,11 @@ htrpo_push_hold_2m)  # the finished 2M fetch_push_htrpo seed-0 run (it reaches t
     # episodes, holds it there at the last step in 10%) trained on with algo.hold_goal to EPOCHS (default 145: +320k
     # steps). Does paying copies for staying at the goal turn reaching into holding? A diagnostic, not a recipe's curve
     EPOCHS=${EPOCHS:-145} push_fine_tune htrpo_push_hold_2m 0 --set algo.hold_goal=true ;;
+htrpo_push_hold_kl)  # the hold_goal run parked at 2,432k (htrpo_push_hold_2m: test ~0.35, flat over its last ~100k, each
+    # step using the whole trust region with the surrogate gain the gradient predicts) trained on with max_kl KL (default
+    # 1e-4, 5x the recipe's) to EPOCHS (default 158: +96k). Is it the trust region's size that holds the policy back?
+    SOURCE=htrpo_push_hold_2m EPOCHS=${EPOCHS:-158} push_fine_tune "htrpo_push_hold_kl/${KL:-1e-4}" 0 \
+        --set algo.hold_goal=true --set "algo.max_kl=${KL:-1e-4}" ;;
 htrpo_push_hold_1m)  # fetch_push_htrpo to 1M steps (first: EPOCHS=63 experiments/tables.sh htrpo_push, park), then on
     # to EPOCHS (default 125: 2M) with algo.hold_goal, seeds SEEDS (default 1). From 2M it lifted test 0.10 -> 0.35
     # (htrpo_push_hold_2m); from the start or at 752k it did nothing. Does switching at 1M give the row a better 2M?
