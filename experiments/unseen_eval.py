@@ -47,8 +47,10 @@ def run_facts(run: Path) -> dict:
     """What a results row says about the run it measured: path, recipe, seed, how far it trained."""
     sweep = json.loads((run / DESCRIPTION).read_text()) if (run / DESCRIPTION).is_file() else {}
     if not sweep and run.name.removeprefix("seed").isdigit():  # a run trained outside her_mpi.sweep in its layout
+        key = run_key(run.resolve())  # TABLE/.../RECIPE/seedN below runs/sweeps or experiments/parked
+        table = "/".join(key.parts[:-2]) if not key.is_absolute() else run.parent.parent.name
         sweep = {"recipe": run.parent.name, "seed": int(run.name.removeprefix("seed")),
-                 "label": f"{run.parent.name} ({run.parent.parent.name})"}
+                 "label": f"{run.parent.name} ({table})"}
     last = last_row(run)
     return {
         "run": str(run.resolve().relative_to(ROOT)) if run.resolve().is_relative_to(ROOT) else str(run),
