@@ -32,7 +32,8 @@
 #     experiments/tables.sh htrpo_push_cap_ft   # ... with truncated importance weights (CAP=2: algo.max_log_ratio)
 #     experiments/tables.sh htrpo_push_hold_2m  # the finished 2M run trained on with algo.hold_goal
 #     KL=1e-4 experiments/tables.sh htrpo_push_hold_kl  # ... the hold_goal run from 2,432k with a larger trust region
-#     experiments/tables.sh htrpo_push_hold_1m  # fetch_push_htrpo parked at 1M (EPOCHS=63 htrpo_push), on to 2M with hold_goal
+#     experiments/tables.sh htrpo_push_hold_1m  # fetch_push_htrpo parked at 1M (EPOCHS=63 htrpo_push), on to 2M with
+#         hold_goal and max_kl 1e-4 (KL=...)
 #     experiments/tables.sh hpg_push        # HPG on continuous FetchPush as the authors' published config trains it, seed 0 to 512k
 #     experiments/tables.sh htrpo_ablations # HTRPO without QKL / goal filtering / weighted IS / sparse reward / hindsight, 8 bits
 #     DRY_RUN=1 experiments/tables.sh <table>  # print the her_mpi.sweep commands a table would run, run none
@@ -289,10 +290,12 @@ htrpo_push_hold_kl)  # the hold_goal run parked at 2,432k (htrpo_push_hold_2m: t
     SOURCE=htrpo_push_hold_2m EPOCHS=${EPOCHS:-158} push_fine_tune "htrpo_push_hold_kl/${KL:-1e-4}" 0 \
         --set algo.hold_goal=true --set "algo.max_kl=${KL:-1e-4}" ;;
 htrpo_push_hold_1m)  # fetch_push_htrpo to 1M steps (first: EPOCHS=63 experiments/tables.sh htrpo_push, park), then on
-    # to EPOCHS (default 125: 2M) with algo.hold_goal, seeds SEEDS (default 1). From 2M it lifted test 0.10 -> 0.35
-    # (htrpo_push_hold_2m); from the start or at 752k it did nothing. Does switching at 1M give the row a better 2M?
+    # to EPOCHS (default 125: 2M) with algo.hold_goal and max_kl KL (default 1e-4), seeds SEEDS (default 1). From 2M
+    # they lifted test 0.10 -> 0.35 -> 0.41 (htrpo_push_hold_2m, _kl); from the start or at 752k hold_goal did nothing,
+    # nor did the larger trust region from the start. Does switching at 1M give the row a better 2M?
     for seed in ${SEEDS:-1}; do
-        FROM_EPOCH=63 EPOCHS=${EPOCHS:-125} push_fine_tune htrpo_push_hold_1m "$seed" --set algo.hold_goal=true
+        FROM_EPOCH=63 EPOCHS=${EPOCHS:-125} push_fine_tune "htrpo_push_hold_1m/${KL:-1e-4}" "$seed" \
+            --set algo.hold_goal=true --set "algo.max_kl=${KL:-1e-4}"
     done ;;
 hpg_push)  # the HTRPO authors' published FetchPush config sets using_hpg, so their code trains HPG there
     # (fetch_push_hpg); fetch_push_htrpo (the trust-region reading) is still at the untrained level at 900k. Screen:
