@@ -131,9 +131,10 @@ def after_arrival(episodes, at_goal: np.ndarray) -> dict:
     arrive = at_goal[rows].argmax(axis=1) + 1  # index into ag/obs: the state after the first successful step
     last = episodes.ag.shape[1] - 1
     ag = episodes.ag[rows]
-    at = ag[np.arange(len(rows)), arrive]  # where the object is on arriving
-    speed = np.linalg.norm(at - ag[np.arange(len(rows)), arrive - 1], axis=-1)
-    travel = np.linalg.norm(ag[np.arange(len(rows)), np.minimum(arrive + 3, last)] - at, axis=-1)
+    each = np.arange(len(rows))
+    at = ag[each, arrive]  # where the object is on arriving
+    speed = np.linalg.norm(at - ag[each, arrive - 1], axis=-1)
+    travel = np.linalg.norm(ag[each, np.minimum(arrive + 3, last)] - at, axis=-1)
     held = episodes.success[rows].astype(bool)
     row = {"reached_share": float(reached.mean()), "held_share_of_reached": float(held.mean()),
            "first_arrival_step_median": float(np.median(arrive)),

@@ -88,14 +88,14 @@ push_fine_tune() {  # push_fine_tune TABLE SEED SETS...: the parked fetch_push_h
     # htrpo_push; as parked when TABLE first runs: seed 0 at 752k for htrpo_push_hold_ft and htrpo_push_cap_ft, at 2M
     # since) resumed with SETS to EPOCHS. FROM_EPOCH=N: the parked run must stop at epoch N, the branch point
     local table=$1 seed=$2; shift 2
-    local run="$OUT/$table/fetch_push_htrpo/seed$seed"
-    local source="$ROOT/experiments/parked/${SOURCE:-htrpo_push}/fetch_push_htrpo/seed$seed"
+    local run="$OUT/$table/fetch_push_htrpo/seed$seed" from="${SOURCE:-htrpo_push}"
+    local source="$ROOT/experiments/parked/$from/fetch_push_htrpo/seed$seed"
     if [ -n "${DRY_RUN:-}" ]; then echo "resume $run $*"; return; fi
     if [ ! -f "$run/checkpoints/latest.pt" ]; then
         local epochs; epochs=$(($( { wc -l < "$source/progress.csv"; } 2>/dev/null || echo 1) - 1))
         if [ ! -f "$source/checkpoints/latest.pt" ] || { [ -n "${FROM_EPOCH:-}" ] && [ "$epochs" != "$FROM_EPOCH" ]; }; then
             echo "$table seed $seed branches from $source${FROM_EPOCH:+ at epoch $FROM_EPOCH}, which is at epoch $epochs:" \
-                 "park ${SOURCE:-htrpo_push} seed $seed there first (EPOCHS=${FROM_EPOCH:-N} experiments/tables.sh ${SOURCE:-htrpo_push})" >&2
+                 "park $from seed $seed there first (EPOCHS=${FROM_EPOCH:-N} experiments/tables.sh $from)" >&2
             return 2
         fi
         mkdir -p "$run" && cp -r "$source/." "$run/"
