@@ -27,6 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, ROOT, machine  # noqa: E402
 from park_runs import CHECKPOINT, run_key, runs_with_checkpoints  # noqa: E402  (also puts this checkout's her_mpi first)
 
+from her_mpi.config import ConfigError, load_config  # noqa: E402
+from her_mpi.logger import read_progress  # noqa: E402
 from her_mpi.plot import sweep_label  # noqa: E402
 from her_mpi.sweep import DESCRIPTION, FINISHED, last_row  # noqa: E402
 
@@ -41,6 +43,19 @@ def run_dirs(paths: list[Path]) -> list[Path]:
             raise SystemExit(f"unseen_eval: no {CHECKPOINT} under {str(path)!r}")
         found += runs
     return found
+
+
+def at_recipe_budget(run: Path, recipe: str | None) -> bool:
+    """Finished at the recipe's own budget, not at a cap (``EPOCHS=63`` writes finished.json too)."""
+    if not (run / FINISHED).is_file():
+        return False
+    try:
+        train = load_config(recipe).train
+    except (ConfigError, TypeError):  # no recipe known or no longer in configs/: trust finished.json
+        return True
+    rows = read_progress(run)
+    steps = int(float(rows[-1].get("env_steps") or 0)) if rows else 0
+    return len(rows) >= train.n_epochs or (train.max_env_steps is not None and steps >= train.max_env_steps)
 
 
 def run_facts(run: Path) -> dict:
@@ -58,7 +73,7 @@ def run_facts(run: Path) -> dict:
         "label": sweep_label(run) or sweep.get("label"),  # the recipe and its --set values
         "env_steps_trained": int(float(last.get("env_steps", 0))),
         "last_test_success": float(last["test_success_rate"]) if last else None,
-        "finished": (run / FINISHED).is_file(),
+        "finished": at_recipe_budget(run, sweep.get("recipe")),
     }
 
 
@@ -102,6 +117,17 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def write_markdown(path: Path, rows: list[dict]) -> None:
+    md = ["# Final policies on episodes they never saw", "",
+          "`python experiments/unseen_eval.py <run or sweep dirs>`: the deterministic policy of each run's latest",
+          "checkpoint, `python -m her_mpi.evaluate` with the episodes and seed shown; \"last test\" is the run's",
+          "last evaluation during training (the recipe's test episodes, other seeds). MsPacmanGoal-v0 is deterministic with",
+          "162 goals, so its episodes here are goals training drew too: `ms_pacman_goals.md` has its exact numbers.",
+          "\"finished\" means trained to the recipe's budget; a run stopped at a cap (`EPOCHS=N`) says no.",
+          "", table(rows), ""]
+    path.write_text("\n".join(md))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paths", nargs="+", type=Path, help="run or sweep directories holding checkpoints/latest.pt")
@@ -120,13 +146,7 @@ def main() -> int:
         print(f"  {row['recipe']} seed {row['seed']}: {row['success_rate']:.3f} on {args.episodes} unseen episodes",
               flush=True)
     rows = merge_rows(path, measured, lambda r: (r["env_id"], str(r.get("label") or r["recipe"]), r["seed"] or 0))
-    md = ["# Final policies on episodes they never saw", "",
-          "`python experiments/unseen_eval.py <run or sweep dirs>`: the deterministic policy of each run's latest",
-          "checkpoint, `python -m her_mpi.evaluate` with the episodes and seed shown; \"last test\" is the run's",
-          "last evaluation during training (the recipe's test episodes, other seeds). MsPacmanGoal-v0 is deterministic with",
-          "162 goals, so its episodes here are goals training drew too: `ms_pacman_goals.md` has its exact numbers.",
-          "", table(rows), ""]
-    path.with_suffix(".md").write_text("\n".join(md))
+    write_markdown(path.with_suffix(".md"), rows)
     print(table(rows))
     print(f"saved {path} and {path.with_suffix('.md')}")
     return 0

@@ -245,3 +245,16 @@ def test_a_resume_clock_variant_names_a_directory_and_whole_overrides():
     for bad in ("algo.critic_batch_size", "algo.critic_batch_size=8192", "../sweeps=", "rows=critic_batch_size=8192"):
         with pytest.raises(argparse.ArgumentTypeError, match="expected LABEL="):
             resume_clock.variant(bad)
+
+
+def test_unseen_eval_calls_a_run_finished_only_at_its_recipes_budget(tmp_path):
+    # EPOCHS=N caps write finished.json too; the results table must not read a capped run as done
+    unseen_eval = research_script("unseen_eval")
+    budget = load_config("fetch_push_td3").train.n_epochs
+    for name, epochs in (("capped", budget - 1), ("full", budget)):
+        fake_run(tmp_path / name, 0, [0.0] * epochs)
+        (tmp_path / name / "finished.json").write_text("{}")
+    assert not unseen_eval.at_recipe_budget(tmp_path / "capped", "fetch_push_td3")
+    assert unseen_eval.at_recipe_budget(tmp_path / "full", "fetch_push_td3")
+    (tmp_path / "full" / "finished.json").unlink()  # stopped at the budget, never closed: not finished
+    assert not unseen_eval.at_recipe_budget(tmp_path / "full", "fetch_push_td3")
