@@ -91,7 +91,12 @@ def main(argv=None) -> int:
     park_parser = sub.add_parser("park", help="copy runs' latest checkpoints into experiments/parked")
     park_parser.add_argument("sweeps", nargs="+", type=Path, help="sweep directories under runs/sweeps")
     sub.add_parser("unpark", help="copy parked runs back to runs/sweeps")
+    epochs_parser = sub.add_parser("epochs", help="print how many epochs a run directory holds (0 before its first)")
+    epochs_parser.add_argument("run", type=Path)
     args = parser.parse_args(argv)
+    if args.command == "epochs":
+        print(epochs_done(args.run))
+        return 0
     return park(args.sweeps) if args.command == "park" else unpark()
 
 

@@ -92,7 +92,7 @@ push_fine_tune() {  # push_fine_tune TABLE SEED SETS...: the parked fetch_push_h
     local source="$ROOT/experiments/parked/$from/fetch_push_htrpo/seed$seed"
     if [ -n "${DRY_RUN:-}" ]; then echo "resume $run $*"; return; fi
     if [ ! -f "$run/checkpoints/latest.pt" ]; then
-        local epochs; epochs=$(($( { wc -l < "$source/progress.csv"; } 2>/dev/null || echo 1) - 1))
+        local epochs; epochs=$(python "$ROOT/experiments/park_runs.py" epochs "$source")
         if [ ! -f "$source/checkpoints/latest.pt" ] || { [ -n "${FROM_EPOCH:-}" ] && [ "$epochs" != "$FROM_EPOCH" ]; }; then
             echo "$table seed $seed branches from $source${FROM_EPOCH:+ at epoch $FROM_EPOCH}, which is at epoch $epochs:" \
                  "park $from seed $seed there first (EPOCHS=${FROM_EPOCH:-N} experiments/tables.sh $from)" >&2

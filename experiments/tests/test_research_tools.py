@@ -258,3 +258,20 @@ def test_unseen_eval_calls_a_run_finished_only_at_its_recipes_budget(tmp_path):
     assert unseen_eval.at_recipe_budget(tmp_path / "full", "fetch_push_td3")
     (tmp_path / "full" / "finished.json").unlink()  # stopped at the budget, never closed: not finished
     assert not unseen_eval.at_recipe_budget(tmp_path / "full", "fetch_push_td3")
+
+
+def test_a_fine_tune_refuses_a_branch_point_the_parked_run_is_not_at(tmp_path):
+    # htrpo_push_hold_1m branches at epoch 63; a seed never parked (epoch 0) must stop before any training starts
+    result = subprocess.run(["bash", str(EXPERIMENTS / "tables.sh"), "htrpo_push_hold_1m"], capture_output=True,
+                            text=True, env={**os.environ, "SWEEP_OUT": str(tmp_path / "out"), "SEEDS": "97"})
+    assert result.returncode == 2
+    assert "at epoch 63, which is at epoch 0" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_park_runs_counts_a_runs_epochs(tmp_path, capsys):
+    fake_run(tmp_path / "run", 0, [0.1, 0.2, 0.3])
+    park_runs = research_script("park_runs")
+    assert park_runs.main(["epochs", str(tmp_path / "run")]) == 0
+    assert park_runs.main(["epochs", str(tmp_path / "missing")]) == 0
+    assert capsys.readouterr().out.split() == ["3", "0"]
