@@ -49,9 +49,11 @@ def at_recipe_budget(run: Path, recipe: str | None) -> bool:
     """Finished at the recipe's own budget, not at a cap (``EPOCHS=63`` writes finished.json too)."""
     if not (run / FINISHED).is_file():
         return False
+    if recipe is None:  # nothing to compare against: trust finished.json
+        return True
     try:
         train = load_config(recipe).train
-    except (ConfigError, TypeError):  # no recipe known or no longer in configs/: trust finished.json
+    except ConfigError:  # a recipe no longer in configs/
         return True
     rows = read_progress(run)
     steps = int(float(rows[-1].get("env_steps") or 0)) if rows else 0

@@ -256,6 +256,7 @@ def test_unseen_eval_calls_a_run_finished_only_at_its_recipes_budget(tmp_path):
         (tmp_path / name / "finished.json").write_text("{}")
     assert not unseen_eval.at_recipe_budget(tmp_path / "capped", "fetch_push_td3")
     assert unseen_eval.at_recipe_budget(tmp_path / "full", "fetch_push_td3")
+    assert unseen_eval.at_recipe_budget(tmp_path / "capped", None)  # no recipe known: finished.json decides
     (tmp_path / "full" / "finished.json").unlink()  # stopped at the budget, never closed: not finished
     assert not unseen_eval.at_recipe_budget(tmp_path / "full", "fetch_push_td3")
 
