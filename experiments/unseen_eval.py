@@ -28,9 +28,8 @@ from common import RESULTS, ROOT, machine  # noqa: E402
 from park_runs import CHECKPOINT, run_key, runs_with_checkpoints  # noqa: E402  (also puts this checkout's her_mpi first)
 
 from her_mpi.config import ConfigError, load_config  # noqa: E402
-from her_mpi.logger import read_progress  # noqa: E402
 from her_mpi.plot import sweep_label  # noqa: E402
-from her_mpi.sweep import DESCRIPTION, FINISHED, last_row  # noqa: E402
+from her_mpi.sweep import DESCRIPTION, FINISHED, Run, last_row  # noqa: E402
 
 
 def run_dirs(paths: list[Path]) -> list[Path]:
@@ -47,17 +46,13 @@ def run_dirs(paths: list[Path]) -> list[Path]:
 
 def at_recipe_budget(run: Path, recipe: str | None) -> bool:
     """Finished at the recipe's own budget, not at a cap (``EPOCHS=63`` writes finished.json too)."""
-    if not (run / FINISHED).is_file():
-        return False
     if recipe is None:  # nothing to compare against: trust finished.json
-        return True
+        return (run / FINISHED).is_file()
     try:
         train = load_config(recipe).train
     except ConfigError:  # a recipe no longer in configs/
-        return True
-    rows = read_progress(run)
-    steps = int(float(rows[-1].get("env_steps") or 0)) if rows else 0
-    return len(rows) >= train.n_epochs or (train.max_env_steps is not None and steps >= train.max_env_steps)
+        return (run / FINISHED).is_file()
+    return Run(recipe, recipe, 0, run, train.n_epochs, train.max_env_steps).is_finished()
 
 
 def run_facts(run: Path) -> dict:
