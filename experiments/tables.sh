@@ -272,7 +272,7 @@ htrpo_reach_hold)  # ... with copies that run past their first success (algo.hol
     # it the policy reaches every goal and drifts off before the last step, which FetchReach judges. Screened on seed 0
     # (SEEDS=0), then seeds 1-3
     sweep htrpo_reach_hold --config fetch_reach_htrpo --seeds "${SEEDS:-1-3}" --set algo.hold_goal=true "${cap[@]}" ;;
-htrpo_push_hold_ft)  # the parked fetch_push_htrpo seed-0 run (752k steps, test <= 0.05 since 160k, yet its policy
+htrpo_push_hold_ft)  # the parked fetch_push_htrpo seed-0 run (752k steps, test 0.01-0.04 per span since 160k, yet its policy
     # reaches the goal with the object in ~half of its episodes and pushes on past it) trained on with algo.hold_goal to
     # EPOCHS (default 56: +144k steps). A diagnostic of hold_goal on Push, not a recipe's curve
     push_fine_tune htrpo_push_hold_ft 0 --set algo.hold_goal=true ;;
@@ -298,7 +298,7 @@ htrpo_push_hold_1m)  # fetch_push_htrpo to 1M steps (first: EPOCHS=63 experiment
             --set algo.hold_goal=true --set "algo.max_kl=${KL:-1e-4}"
     done ;;
 hpg_push)  # the HTRPO authors' published FetchPush config sets using_hpg, so their code trains HPG there
-    # (fetch_push_hpg); fetch_push_htrpo (the trust-region reading) is still at the untrained level at 900k. Screen:
+    # (fetch_push_hpg); fetch_push_htrpo (the trust-region reading) was at the untrained level at 900k then. Screen:
     # seed 0 (SEEDS=...) to EPOCHS (default 32 epochs = 512k steps), beside fetch_push_htrpo's curve
     sweep hpg_push --config fetch_push_hpg --seeds "${SEEDS:-0}" --set "train.n_epochs=${EPOCHS:-32}" ;;
 htrpo_ablations)  # the HTRPO paper's ablations (its Figure 5) on bitflip_8_htrpo, one switch each, seeds 1-3,
@@ -417,6 +417,6 @@ htrpo_push_levers)  # HTRPO continuous FetchPush, seed 0 to 320k (20 epochs; EPO
             --set "train.n_epochs=${EPOCHS:-20}"
     done ;;
 *)
-    echo "usage: experiments/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|push_td3_diag|push_sac_diag|other_tasks|htrpo_discrete|htrpo_reach_discrete|htrpo_reach_entropy|htrpo_push_discrete|htrpo_push_discrete_critic_batch|htrpo_push|ms_pacman|ms_pacman_htrpo_levers|hpg_screen|htrpo_vs_hpg|htrpo_ablations|htrpo_reach|htrpo_reach_fast|htrpo_bits|htrpo_bits32|bitflip_dqn|predator_prey|predator_prey_sac|predator_prey_shift|predator_prey_shift_clip|predator_prey_static|push_updates|robotics_updates|slide_best|slide_updates|pick_and_place_clip|push_ranks|push_ranks_scheduled|push_ranks_cycle_targets|htrpo_push_levers|htrpo_push_authors|htrpo_slide|htrpo_push_hold_ft|htrpo_push_cap_ft|htrpo_push_hold_2m|htrpo_push_hold_kl|htrpo_push_hold_1m|hpg_push" >&2
+    echo "usage: experiments/tables.sh push|push_ablation|push_levers|push_mrl|push_mrl_full|push_td3_diag|push_sac_diag|other_tasks|htrpo_discrete|htrpo_reach_discrete|htrpo_reach_entropy|htrpo_push_discrete|htrpo_push_discrete_critic_batch|htrpo_push|ms_pacman|ms_pacman_htrpo_levers|hpg_screen|htrpo_vs_hpg|htrpo_ablations|htrpo_reach|htrpo_reach_hold|htrpo_reach_fast|htrpo_bits|htrpo_bits32|bitflip_dqn|predator_prey|predator_prey_sac|predator_prey_shift|predator_prey_shift_clip|predator_prey_static|push_updates|robotics_updates|slide_best|slide_updates|pick_and_place_clip|push_ranks|push_ranks_scheduled|push_ranks_cycle_targets|htrpo_push_levers|htrpo_push_authors|htrpo_slide|htrpo_push_hold_ft|htrpo_push_cap_ft|htrpo_push_hold_2m|htrpo_push_hold_kl|htrpo_push_hold_1m|hpg_push" >&2
     exit 2 ;;
 esac
