@@ -101,6 +101,7 @@ push_fine_tune() {  # push_fine_tune TABLE SEED SETS...: the parked fetch_push_h
         mkdir -p "$run" && cp -r "$source/." "$run/"
         rm -f "$run/finished.json" "$run/sweep.json"  # not the recipe as swept: its label comes from config.yaml
     fi
+    # -np 2, not NP: the parked runs' rank count (their rollouts and RNG streams are per rank)
     (cd "$TREE" && PYTHONPATH="$TREE:$TREE/export" mpirun -np 2 python -m her_mpi.train --resume "$run" \
         "$@" --set "train.n_epochs=${EPOCHS:-56}")
 }
