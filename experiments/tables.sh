@@ -103,7 +103,9 @@ push_fine_tune() {  # push_fine_tune TABLE SEED SETS...: the parked fetch_push_h
     fi
     # -np 2, not NP: the parked runs' rank count (their rollouts and RNG streams are per rank)
     (cd "$TREE" && PYTHONPATH="$TREE:$TREE/export" mpirun -np 2 python -m her_mpi.train --resume "$run" \
-        "$@" --set "train.n_epochs=${EPOCHS:-56}")
+        "$@" --set "train.n_epochs=${EPOCHS:-56}") || return
+    # her_mpi.train exits 0 only at its n_epochs: record the clean close, as her_mpi.sweep's finished.json does
+    cp "$run/status.json" "$run/finished.json"
 }
 
 condition_sweeps() {  # condition_sweeps TABLE ARGS...: the 12 predator-prey conditions (or CONDITIONS), SEEDS
