@@ -1,6 +1,7 @@
 """Does a Fetch manipulation policy touch the object? A diagnostic for runs that have not taken off.
 
     python experiments/object_contact.py RUN_DIR_OR_CHECKPOINT [...] [--episodes 40] [--seed 1000] [--name NAME]
+                                         [--label LABEL ...] [--append]
 
 Before FetchPush's success rate rises, test success only counts the episodes whose object starts
 at its goal, so curves of different recipes look alike. This runs each policy's deterministic
@@ -20,7 +21,10 @@ lacks the grasp, one that lifts and still fails lacks the placing. A policy is a
 checkpoint, an exported .onnx file or ``zoo:NAME``; ``--input-clip K`` runs exported policies with
 their normalised inputs clipped at K std instead of the trained clip (no retraining): if widening the
 clip alone mends failures, the trained clip was hiding inputs the policy needed.
-With ``--name`` the rows are also saved to experiments/results/NAME.json.
+With ``--name`` the rows are also saved to experiments/results/NAME.json; ``--label`` names each policy's
+row (one per policy, e.g. "seed 0 at 1.3M env steps") instead of its path, and ``--append`` adds the rows
+to an existing NAME.json measured on the same episodes and CPU model, so a run's checkpoints taken at
+different times (one path, overwritten as it trains) land in one file.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from common import save
+from common import RESULTS, machine, save
 
 from her_mpi.envs import compute_success
 from her_mpi.evaluate import at_goal_steps, load_policy
@@ -156,15 +160,42 @@ def main() -> None:
     parser.add_argument("--input-clip", type=float, help="also run exported policies with normalised inputs "
                         "clipped at this many std (no retraining)")
     parser.add_argument("--name", help="also save the rows to experiments/results/NAME.json")
+    parser.add_argument("--label", action="append",
+                        help="the row's name for each policy, in order (default: its path)")
+    parser.add_argument("--append", action="store_true", help="add the rows to the existing NAME.json")
     args = parser.parse_args()
+    labels = args.label or [None] * len(args.checkpoints)
+    if len(labels) != len(args.checkpoints):
+        parser.error(f"--label given {len(labels)} times for {len(args.checkpoints)} policies: give one per policy")
+    earlier = earlier_rows(args.name, args.episodes, args.seed) if args.append else []
     rows = []
-    for policy in args.checkpoints:
+    for policy, label in zip(args.checkpoints, labels):
         for input_clip in [None] + ([args.input_clip] if args.input_clip is not None else []):
-            rows.append({k: round(v, 3) if isinstance(v, float) else v
-                         for k, v in contact(policy, args.episodes, args.seed, input_clip).items()})
+            row = contact(policy, args.episodes, args.seed, input_clip)
+            if label:
+                row["policy"] = label if input_clip is None else f"{label} with inputs clipped at {input_clip:g} std"
+            rows.append({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})
             print(json.dumps(rows[-1]), flush=True)
     if args.name:
-        save(args.name, {"episodes": args.episodes, "seed": args.seed, "policies": rows})
+        save(args.name, {"episodes": args.episodes, "seed": args.seed, "policies": earlier + rows})
+
+
+def earlier_rows(name: str | None, n_episodes: int, seed: int) -> list[dict]:
+    """The rows of an existing results file that new rows may join: same episodes, same CPU model."""
+    if not name:
+        raise SystemExit("--append needs --name NAME: the results file to add the rows to")
+    path = RESULTS / f"{name}.json"
+    if not path.exists():
+        raise SystemExit(f"--append: {path} does not exist; run without --append to create it")
+    result = json.loads(path.read_text())
+    if (result["episodes"], result["seed"]) != (n_episodes, seed):
+        raise SystemExit(f"--append: {path} holds {result['episodes']} episodes from seed {result['seed']}, "
+                         f"not {n_episodes} from seed {seed}: rows on other episodes do not compare")
+    here, there = machine(), result["machine"]
+    if (here["cpu"], here["cpu_kernels"]) != (there["cpu"], there["cpu_kernels"]):
+        raise SystemExit(f"--append: {path} was measured on {there['cpu']} ({there['cpu_kernels']}), this is "
+                         f"{here['cpu']} ({here['cpu_kernels']}): save these rows under a new --name")
+    return result["policies"]
 
 
 if __name__ == "__main__":

@@ -221,6 +221,26 @@ def test_widening_an_exported_policys_input_clip_changes_only_inputs_beyond_the_
     assert not np.allclose(trained.act(obs, goal), widened.act(obs, goal))
 
 
+def test_contact_rows_join_an_earlier_file_only_on_the_same_episodes_and_cpu_model(tmp_path, monkeypatch):
+    object_contact = research_script("object_contact")
+    here = {"cpu": "AMD EPYC", "cpu_kernels": "AVX512"}
+    monkeypatch.setattr(object_contact, "RESULTS", tmp_path)
+    monkeypatch.setattr(object_contact, "machine", lambda: here)
+    rows = [{"policy": "seed 0 at 336k env steps", "success": 0.0}]
+    (tmp_path / "contact.json").write_text(json.dumps({"machine": here, "episodes": 200, "seed": 1000,
+                                                       "policies": rows}))
+    assert object_contact.earlier_rows("contact", 200, 1000) == rows
+    with pytest.raises(SystemExit, match="200 episodes from seed 1000, not 40 from seed 1000"):
+        object_contact.earlier_rows("contact", 40, 1000)
+    with pytest.raises(SystemExit, match="does not exist"):
+        object_contact.earlier_rows("other", 200, 1000)
+    with pytest.raises(SystemExit, match="needs --name"):
+        object_contact.earlier_rows(None, 200, 1000)
+    monkeypatch.setattr(object_contact, "machine", lambda: {**here, "cpu_kernels": "AVX2"})
+    with pytest.raises(SystemExit, match="AVX512.*AVX2.*new --name"):
+        object_contact.earlier_rows("contact", 200, 1000)
+
+
 def test_a_resume_clock_counts_seconds_per_env_step_of_the_epochs_after_the_first_resumed_one():
     resume_clock = research_script("resume_clock")
     phases = {"time_rollout_s": 1.0, "time_learn_s": 8.0, "time_eval_s": 1.0}
