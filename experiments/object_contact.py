@@ -67,14 +67,16 @@ def widen_input_clip(policy: str, clip: float, directory: str) -> str:
     return str(path)
 
 
-def contact(policy: str, n_episodes: int, seed: int, input_clip: float | None = None) -> dict:
+def contact(policy: str, n_episodes: int, seed: int, input_clip: float | None = None,
+            label: str | None = None) -> dict:
+    """What the policy does with the object; the row is named ``label``, or the policy's path by default."""
     exported = policy.endswith(".onnx") or policy.startswith("zoo:")
     if input_clip is not None:
         if not exported:
             raise SystemExit(f"--input-clip needs an exported policy (.onnx or zoo:NAME), got {policy!r}")
         with tempfile.TemporaryDirectory() as directory:
             row = contact(widen_input_clip(policy, input_clip, directory), n_episodes, seed)
-        return {**row, "policy": f"{policy} with inputs clipped at {input_clip:g} std"}
+        return {**row, "policy": f"{label or policy} with inputs clipped at {input_clip:g} std"}
     act, config, source, _ = load_policy(SimpleNamespace(checkpoint=None if exported else policy,
                                                          policy=policy if exported else None))
     env = config["env"]
@@ -115,7 +117,8 @@ def contact(policy: str, n_episodes: int, seed: int, input_clip: float | None = 
                                                               round(float(np.median(rise[band, -1])), 3)]
                              for low in np.arange(0.0, 0.5, 0.1)
                              for band in [in_air & (height >= low) & (height < low + 0.1)] if band.any()}}
-    return {"policy": source, "env": env["id"], "episodes": n_episodes, "success": float(episodes.success.mean()),
+    return {"policy": label or source, "env": env["id"], "episodes": n_episodes,
+            "success": float(episodes.success.mean()),
             "object_moved_2cm": float(np.mean(moved > 0.02)), "mean_displacement_m": float(np.mean(moved)),
             "median_closest_gripper_object_m": float(np.median(np.linalg.norm(gripper - thing, axis=-1).min(axis=1))),
             "goal_distance_start_m": float(np.mean(np.linalg.norm(episodes.ag[:, 0] - goal, axis=-1))),
@@ -171,9 +174,7 @@ def main() -> None:
     rows = []
     for policy, label in zip(args.checkpoints, labels):
         for input_clip in [None] + ([args.input_clip] if args.input_clip is not None else []):
-            row = contact(policy, args.episodes, args.seed, input_clip)
-            if label:
-                row["policy"] = label if input_clip is None else f"{label} with inputs clipped at {input_clip:g} std"
+            row = contact(policy, args.episodes, args.seed, input_clip, label)
             rows.append({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})
             print(json.dumps(rows[-1]), flush=True)
     if args.name:
